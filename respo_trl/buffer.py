@@ -1,0 +1,198 @@
+"""The rollout-reuse buffer: one generation batch served for ``R`` optimizer passes, with provenance.
+
+Each process holds its own slice of the generation batch (what TRL's ``_generate_and_score_completions`` returns on
+that process). A pass splits the slice into ``steps_per_generation`` micro-batches; with ``reshuffle`` every pass after
+the first draws a new composition from a generator seeded by ``(seed, generation index, pass)``, so the order is
+reproducible across a checkpoint/resume without saving any RNG state.
+
+Every rollout carries ``rollout_step``, the optimizer step (policy version) it was sampled at; the trainer derives
+staleness from it. The buffer also counts the completion tokens ever sampled (the sampling compute) and the early
+refreshes.
+
+The state is saved as ``rollout_buffer-rank{r}.safetensors`` (tensors) + ``.json`` (everything else): no pickle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+Batch = dict[str, Any]
+
+FORMAT_VERSION = 1
+VERSION_KEY = "rollout_step"  # (B,) int64: optimizer step at which each rollout was sampled
+
+
+def buffer_files(checkpoint_dir: str, rank: int) -> tuple[str, str]:
+    stem = os.path.join(checkpoint_dir, f"rollout_buffer-rank{rank}")
+    return stem + ".safetensors", stem + ".json"
+
+
+def _batch_size(batch: Batch) -> int:
+    for value in batch.values():
+        if isinstance(value, torch.Tensor) and value.ndim > 0:
+            return value.shape[0]
+        if isinstance(value, list):
+            return len(value)
+    raise ValueError("cannot infer the batch size: the batch holds no tensor with a batch dimension and no list")
+
+
+def _select(value: Any, index: torch.Tensor) -> Any:
+    if isinstance(value, torch.Tensor) and value.ndim > 0:
+        return value[index.to(value.device)]
+    if isinstance(value, list):
+        return [value[i] for i in index.tolist()]
+    return value  # None and 0-dim tensors (e.g. num_items_in_batch) are shared by the whole batch
+
+
+def _to(value: Any, device: torch.device | str | None) -> Any:
+    if device is not None and isinstance(value, torch.Tensor):
+        return value.to(device)
+    return value
+
+
+class RolloutBuffer:
+    """Serves one stored generation batch as ``steps_per_generation`` micro-batches per pass, for ``reuse`` passes."""
+
+    def __init__(
+        self,
+        reuse: int,
+        steps_per_generation: int,
+        reshuffle: bool = True,
+        seed: int = 0,
+        storage_device: str | torch.device | None = None,
+    ):
+        if reuse < 1:
+            raise ValueError(f"reuse must be >= 1, got {reuse}")
+        self.reuse = reuse
+        self.steps_per_generation = steps_per_generation
+        self.reshuffle = reshuffle
+        self.seed = seed
+        self.storage_device = storage_device  # None: keep tensors where they were produced
+        self.batch: Batch | None = None
+        self.generation_index = 0  # how many batches were stored (fresh or refreshed)
+        self.generated_tokens = 0  # completion tokens sampled so far, summed over processes
+        self.refreshes = 0  # batches replaced early because their ESS fell below the floor
+        self._pass_cache: tuple[int, list[Batch]] | None = None
+
+    # -- filling and serving ---------------------------------------------------------------------------------------
+
+    def store(self, batch: Batch, version: int) -> None:
+        """Keep ``batch`` (this process's generation slice) sampled by the policy of optimizer step ``version``."""
+        size = _batch_size(batch)
+        batch = {key: _to(value, self.storage_device) for key, value in batch.items()}
+        device = next((v.device for v in batch.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
+        batch[VERSION_KEY] = torch.full((size,), int(version), dtype=torch.long, device=device)
+        if size % self.steps_per_generation:
+            raise ValueError(
+                f"generation batch of {size} rollouts cannot be split into {self.steps_per_generation} equal micro-batches"
+            )
+        self.batch = batch
+        self.generation_index += 1
+        self._pass_cache = None
+
+    @property
+    def is_empty(self) -> bool:
+        return self.batch is None
+
+    def permutation(self, pass_index: int) -> torch.Tensor:
+        """Order of the stored rollouts in pass ``pass_index``: identity for pass 0 or without reshuffling."""
+        size = _batch_size(self.batch)
+        if pass_index == 0 or not self.reshuffle:
+            return torch.arange(size)
+        generator = torch.Generator().manual_seed(
+            (self.seed * 1_000_003 + self.generation_index * 9_973 + pass_index) % (2**63)
+        )
+        return torch.randperm(size, generator=generator)
+
+    def micro_batch(self, pass_index: int, micro_index: int, device: torch.device | str | None = None) -> Batch:
+        if self.batch is None:
+            raise RuntimeError("the rollout buffer is empty: store a generation batch first")
+        if self._pass_cache is None or self._pass_cache[0] != pass_index:
+            order = self.permutation(pass_index)
+            chunks = order.chunk(self.steps_per_generation)
+            self._pass_cache = (pass_index, [{k: _select(v, idx) for k, v in self.batch.items()} for idx in chunks])
+        return {key: _to(value, device) for key, value in self._pass_cache[1][micro_index].items()}
+
+    def staleness(self, micro_batch: Batch, step: int) -> torch.Tensor:
+        """Optimizer steps since each rollout of ``micro_batch`` was sampled."""
+        return step - micro_batch[VERSION_KEY]
+
+    # -- checkpointing -----------------------------------------------------------------------------------------------
+
+    def save(self, checkpoint_dir: str, rank: int, extra: dict | None = None) -> None:
+        """Write this process's buffer into ``checkpoint_dir`` (tensors as safetensors, the rest as JSON)."""
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        tensor_path, meta_path = buffer_files(checkpoint_dir, rank)
+        tensors, values = {}, {}
+        for key, value in (self.batch or {}).items():
+            if isinstance(value, torch.Tensor):
+                tensors[key] = value.detach().to("cpu").contiguous()
+            else:
+                try:
+                    json.dumps(value)
+                except TypeError:
+                    raise TypeError(
+                        f"buffer field {key!r} of type {type(value).__name__} cannot be checkpointed as JSON"
+                    ) from None
+                values[key] = value
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "reuse": self.reuse,
+            "steps_per_generation": self.steps_per_generation,
+            "reshuffle": self.reshuffle,
+            "seed": self.seed,
+            "has_batch": self.batch is not None,
+            "generation_index": self.generation_index,
+            "generated_tokens": self.generated_tokens,
+            "refreshes": self.refreshes,
+            "tensor_keys": sorted(tensors),
+            "values": values,
+            "extra": extra or {},
+        }
+        save_file(tensors, tensor_path)
+        with open(meta_path, "w") as f:
+            json.dump(meta, f, indent=1)
+
+    def load(self, checkpoint_dir: str, rank: int, device: torch.device | str | None = None) -> dict:
+        """Restore the buffer saved by :meth:`save`; returns its ``extra`` dict. Raises with the file named."""
+        tensor_path, meta_path = buffer_files(checkpoint_dir, rank)
+        for path in (meta_path, tensor_path):
+            if not os.path.isfile(path):
+                raise FileNotFoundError(
+                    f"rollout buffer file {path} is missing: this checkpoint cannot resume the rollouts it was "
+                    "training on (was it saved by respo_trl with the same number of processes?)"
+                )
+        try:
+            with open(meta_path) as f:
+                meta = json.load(f)
+            tensors = load_file(tensor_path)
+        except (OSError, ValueError, SafetensorError) as error:
+            raise ValueError(f"rollout buffer file in {checkpoint_dir} (rank {rank}) is corrupt: {error}") from error
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{meta_path}: unsupported format_version {meta.get('format_version')!r}")
+        missing = set(meta["tensor_keys"]) - set(tensors)
+        if missing:
+            raise ValueError(f"{tensor_path} is corrupt: tensors {sorted(missing)} listed in {meta_path} are missing")
+        for name in ("reuse", "steps_per_generation"):
+            if meta[name] != getattr(self, name):
+                raise ValueError(
+                    f"{meta_path} was saved with {name}={meta[name]} but this run has {name}={getattr(self, name)}; "
+                    "resume with the same setting."
+                )
+        self.generation_index = meta["generation_index"]
+        self.generated_tokens = meta["generated_tokens"]
+        self.refreshes = meta["refreshes"]
+        if meta["has_batch"]:
+            target = self.storage_device if self.storage_device is not None else device
+            self.batch = {key: _to(value, target) for key, value in tensors.items()}
+            self.batch.update(meta["values"])
+        else:
+            self.batch = None
+        self._pass_cache = None
+        return meta["extra"]

@@ -1,0 +1,80 @@
+"""Shared fixtures: a local character tokenizer, tiny Qwen3 models and a toy dataset (no network).
+
+TRL is imported once per test session (it costs seconds); the helpers below build trainers in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_DISABLED", "true")
+
+CPU_ARGS = dict(
+    use_cpu=True,
+    bf16=False,
+    activation_checkpointing=False,
+    report_to="none",
+    logging_steps=1,
+    save_strategy="no",
+    per_device_train_batch_size=8,
+    num_generations=4,
+    max_completion_length=8,
+    learning_rate=1e-2,
+    max_steps=3,
+    seed=0,
+    dataloader_num_workers=0,
+    disable_tqdm=True,
+)
+
+
+def crc_reward(completions, **kwargs):
+    """Deterministic pseudo-reward in {0, 1} from the completion text (gives non-zero advantages)."""
+    return [float(zlib.crc32(c[0]["content"].encode()) % 2) for c in completions]
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from respo_trl.tiny import build_char_tokenizer
+
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def toy_dataset():
+    from datasets import Dataset
+
+    rows = [[{"role": "user", "content": f"{i}+{i % 7}="}] for i in range(64)]
+    return Dataset.from_dict({"prompt": rows, "solution": [str(i + i % 7) for i in range(64)]})
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tokenizer, tmp_path_factory):
+    """A tiny dense Qwen3 and its tokenizer saved like a Hub snapshot, loaded by path (as users load Hub ids)."""
+    from respo_trl.tiny import tiny_qwen3
+
+    path = tmp_path_factory.mktemp("tiny-qwen3")
+    tiny_qwen3(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture
+def make_trainer(tokenizer, toy_dataset, tmp_path):
+    """Build a trainer on a fresh tiny model: ``make_trainer(config_cls=ReSPOConfig, moe=False, **config_overrides)``."""
+    from respo_trl import ReSPOConfig, ReSPOTrainer
+    from respo_trl.tiny import tiny_qwen3
+
+    def build(config_cls=ReSPOConfig, moe=False, trainer_cls=ReSPOTrainer, model=None, **overrides):
+        args = config_cls(output_dir=str(tmp_path / "out"), **{**CPU_ARGS, **overrides})
+        model = model if model is not None else tiny_qwen3(tokenizer, moe=moe)
+        return trainer_cls(
+            model=model, reward_funcs=crc_reward, args=args, train_dataset=toy_dataset, processing_class=tokenizer
+        )
+
+    return build

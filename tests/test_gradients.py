@@ -1,0 +1,170 @@
+"""ReSPO's gradient through the real trainer: equal to TRL's dapo on-policy, equal to phi*A*grad logp off-policy,
+and every TRL loss type's coefficient equal to the registry's (which the diagnostics rely on)."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+
+def make_batch(tokenizer, batch=8, prompt_len=5, completion_len=7, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    low = len(tokenizer.all_special_ids) + 2
+    prompt_ids = torch.randint(low, len(tokenizer), (batch, prompt_len), generator=gen)
+    completion_ids = torch.randint(low, len(tokenizer), (batch, completion_len), generator=gen)
+    lengths = torch.randint(2, completion_len + 1, (batch,), generator=gen)
+    completion_mask = (torch.arange(completion_len) < lengths.unsqueeze(-1)).long()
+    completion_ids = torch.where(completion_mask.bool(), completion_ids, tokenizer.pad_token_id)
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": torch.ones_like(prompt_ids),
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": torch.randn(batch, generator=gen),
+        "num_items_in_batch": completion_mask.sum(),
+    }
+
+
+def current_logps(trainer, inputs):
+    with torch.no_grad():
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1),
+            inputs["completion_ids"].size(1),
+        )
+    return logps
+
+
+def prepare(trainer):
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    return trainer
+
+
+def loss_and_grads(trainer, inputs):
+    trainer.model.zero_grad()
+    loss = trainer._compute_loss(trainer.model, inputs)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+
+def assert_same_grads(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("with_old_logps", [True, False])
+def test_on_policy_respo_gradient_equals_trl_dapo(make_trainer, tokenizer, with_old_logps):
+    from respo_trl.tiny import tiny_qwen3
+
+    model = tiny_qwen3(tokenizer)
+    respo = prepare(make_trainer(model=model))
+    dapo = prepare(make_trainer(model=copy.deepcopy(model), loss_type="dapo"))
+    inputs = make_batch(tokenizer)
+    if with_old_logps:  # behaviour log-probs equal to the current ones: every ratio is exactly 1
+        inputs["old_per_token_logps"] = current_logps(respo, inputs)
+    loss_r, grads_r = loss_and_grads(respo, inputs)
+    loss_d, grads_d = loss_and_grads(dapo, inputs)
+    assert_same_grads(grads_r, grads_d)
+    assert loss_r.item() == pytest.approx(-((inputs["advantages"][:, None] * current_logps(respo, inputs)) * inputs["completion_mask"]).sum().item() / inputs["num_items_in_batch"].item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["sqrt", "none", "mean"])
+def test_off_policy_respo_gradient_is_phi_times_advantage_times_grad_logp(make_trainer, tokenizer, norm):
+    trainer = prepare(make_trainer(respo_norm=norm))
+    inputs = make_batch(tokenizer, seed=1)
+    gen = torch.Generator().manual_seed(5)
+    inputs["old_per_token_logps"] = current_logps(trainer, inputs) + 0.6 * torch.randn(8, 7, generator=gen)
+    _, grads = loss_and_grads(trainer, inputs)
+
+    # By hand, straight from the spec: rho, l, s, phi(w) = w^alpha exp(lam (1 - w)), loss = -sum phi A logp / N
+    trainer.model.zero_grad()
+    m = inputs["completion_mask"].float()
+    logps, _, _ = trainer._get_per_token_logps_and_entropies(
+        trainer.model,
+        torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
+        torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1),
+        7,
+    )
+    rho = (logps.detach() - inputs["old_per_token_logps"]).clamp(-20, 20)
+    l, L = (rho * m).sum(-1), m.sum(-1)
+    T = {"sqrt": L.sqrt(), "none": torch.ones_like(L), "mean": L}[norm]
+    w = torch.exp((l / T).clamp(-20, 20))
+    adv = inputs["advantages"]
+    alpha = torch.where(adv >= 0, 0.5, 2.0)
+    lam = torch.where(adv >= 0, 0.5, 2.0)
+    phi = w**alpha * torch.exp(lam * (1 - w))
+    assert not torch.allclose(phi, torch.ones_like(phi))  # genuinely off-policy
+    loss = -(phi[:, None] * adv[:, None] * logps * m).sum() / m.sum()
+    loss.backward()
+    expected = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    assert_same_grads(grads, expected)
+
+
+# How each TRL loss type normalises sum_t ell_it (B = 8 sequences, GA = 1, one process).
+AGGREGATION = {
+    "dapo": lambda m: m.sum(),
+    "bnpo": lambda m: m.sum(),
+    "cispo": lambda m: m.sum(),
+    "vespo": lambda m: m.sum(),
+    "respo": lambda m: m.sum(),
+    "grpo": lambda m: m.sum(-1, keepdim=True) * m.shape[0],
+    "sapo": lambda m: m.sum(-1, keepdim=True) * m.shape[0],
+    "dr_grpo": lambda m: torch.tensor(m.shape[0] * 8.0),  # max_completion_length = 8
+    "luspo": lambda m: torch.tensor(float(m.shape[0])),
+}
+
+
+@pytest.mark.parametrize("loss_type", sorted(AGGREGATION))
+def test_registry_coefficients_match_the_trainers_actual_loss(make_trainer, tokenizer, loss_type):
+    """Differentiate TRL's real loss w.r.t. the per-token log-probs: c_it = -dLoss/dlogp * norm / A_i."""
+    from respo_trl.kernels import LossParams, gradient_coefficients, registered_loss_for
+
+    extra = {"epsilon_high": 3.0} if loss_type == "cispo" else {}
+    trainer = prepare(make_trainer(loss_type=loss_type, **extra))
+    inputs = make_batch(tokenizer, seed=2)
+    m = inputs["completion_mask"].float()
+    gen = torch.Generator().manual_seed(9)
+    logps = (-2 + 0.3 * torch.randn(8, 7, generator=gen)).requires_grad_(True)
+    inputs["old_per_token_logps"] = logps.detach() + 0.5 * torch.randn(8, 7, generator=gen)
+
+    def fake_logps(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        trainer._captured_logps = logps.detach()
+        return logps, torch.ones_like(logps), None
+
+    trainer._get_per_token_logps_and_entropies = fake_logps
+    loss = trainer._compute_loss(trainer.model, inputs)
+    (grad,) = torch.autograd.grad(loss, logps)
+    adv = inputs["advantages"].unsqueeze(-1)
+    from_trainer = -grad * AGGREGATION[loss_type](m) / adv * m
+
+    params = LossParams.from_config(trainer.args)
+    registry = gradient_coefficients(
+        registered_loss_for(loss_type), logps.detach() - inputs["old_per_token_logps"], inputs["advantages"], m, params
+    )
+    torch.testing.assert_close(from_trainer, registry, rtol=1e-4, atol=1e-6)
+    assert not torch.allclose(registry, m)  # the batch is off-policy enough to matter
+
+
+def test_nonfinite_inputs_are_masked_not_propagated(make_trainer, tokenizer, tiny_model_dir):
+    trainer = prepare(make_trainer(model=tiny_model_dir, beta=0.1))  # beta > 0 loads a reference model by path
+    inputs = make_batch(tokenizer, seed=3)
+    old = current_logps(trainer, inputs)
+    inputs["old_per_token_logps"] = old.clone()
+    inputs["ref_per_token_logps"] = old.clone()
+    inputs["advantages"][0] = float("nan")
+    inputs["old_per_token_logps"][1, 0] = float("-inf")
+    inputs["ref_per_token_logps"][2, 1] = float("nan")
+    loss, grads = loss_and_grads(trainer, inputs)
+    assert math.isfinite(loss.item())
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    assert trainer._metrics["train"]["respo/nonfinite_seqs"][-1] == 3
+
+    # The surviving sequences train exactly as if the bad ones were absent from the loss.
+    clean = {k: (v[3:] if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in inputs.items()}
+    clean["num_items_in_batch"] = inputs["num_items_in_batch"]
+    _, grads_clean = loss_and_grads(trainer, clean)
+    assert_same_grads(grads, grads_clean)

@@ -1,0 +1,160 @@
+"""End-to-end training through ReSPOTrainer on tiny Qwen3 models (CPU, a few steps each)."""
+
+import logging
+import math
+
+import pytest
+import torch
+
+DIAGNOSTIC_KEYS = [
+    f"starvation/{name}/{sign}"
+    for name in ("grad_throughput", "clip_grad_throughput", "starved_frac")
+    for sign in ("pos", "neg")
+] + [
+    "offpolicy/log_weight/mean",
+    "offpolicy/log_weight/std",
+    "offpolicy/log_weight/min",
+    "offpolicy/log_weight/max",
+    "offpolicy/ess",
+    "offpolicy/ess_normalized",
+    "respo/phi_mean/pos",
+    "respo/phi_mean/neg",
+    "respo/norm_T",
+    "respo/nonfinite_seqs",
+    "reuse/staleness_mean",
+    "reuse/staleness_max",
+    "reuse/generated_tokens",
+    "reuse/generated_tokens_per_step",
+    "reuse/refreshes",
+]
+
+
+def snapshot(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def changed(before, model):
+    return [n for n, p in model.named_parameters() if p.requires_grad and not torch.equal(before[n], p.detach())]
+
+
+def logged(trainer):
+    train_logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert train_logs, "nothing was logged"
+    return train_logs
+
+
+def test_respo_trains_and_logs_every_diagnostic_on_every_step(make_trainer):
+    trainer = make_trainer(respo_reuse=2, max_steps=4)
+    before = snapshot(trainer.model)
+    trainer.train()
+    assert changed(before, trainer.model)
+    logs = logged(trainer)
+    assert len(logs) == 4
+    for key in DIAGNOSTIC_KEYS:
+        assert all(key in log for log in logs), key
+    for log in logs:
+        assert math.isfinite(log["loss"])
+    # Reuse bookkeeping: R=2 samples on steps 1 and 3 only, reuses on 2 and 4 (one optimizer step stale).
+    assert [log["reuse/staleness_mean"] for log in logs] == [0, 1, 0, 1]
+    per_step = [log["reuse/generated_tokens_per_step"] for log in logs]
+    assert per_step[0] > 0 and per_step[2] > 0 and per_step[1] == per_step[3] == 0
+    assert logs[-1]["reuse/generated_tokens"] == sum(per_step)
+    # On the fresh pass every coefficient is 1; on the reused pass the weights moved.
+    assert logs[0]["offpolicy/ess"] == pytest.approx(1.0) and logs[0]["offpolicy/log_weight/max"] == 0
+    assert logs[1]["offpolicy/log_weight/std"] > 0
+
+
+def test_drop_in_with_plain_grpo_config_trains_respo_and_says_so_once(make_trainer, caplog):
+    from trl import GRPOConfig
+
+    from respo_trl import ReSPOConfig
+
+    with caplog.at_level(logging.WARNING):
+        trainer = make_trainer(config_cls=GRPOConfig, max_steps=2)
+    messages = [r.getMessage() for r in caplog.records if "plain GRPOConfig" in r.getMessage()]
+    assert len(messages) == 1 and "ReSPO" in messages[0]
+    assert isinstance(trainer.args, ReSPOConfig) and trainer.loss_type == "respo"
+    before = snapshot(trainer.model)
+    trainer.train()
+    assert changed(before, trainer.model)
+    assert "starvation/grad_throughput/pos" in logged(trainer)[-1]
+
+
+@pytest.mark.parametrize(
+    "loss_type,extra",
+    [
+        ("dapo", {}),
+        ("grpo", {}),
+        ("bnpo", {}),
+        ("dr_grpo", {}),
+        ("cispo", {"epsilon_high": 5.0}),
+        ("sapo", {}),
+        ("luspo", {"importance_sampling_level": "sequence"}),
+        ("grpo", {"importance_sampling_level": "sequence"}),  # GSPO
+        ("vespo", {}),
+    ],
+)
+def test_every_trl_loss_type_trains_through_respo_trainer(make_trainer, loss_type, extra):
+    trainer = make_trainer(loss_type=loss_type, num_iterations=2, max_steps=2, **extra)
+    assert trainer.loss_type == loss_type
+    before = snapshot(trainer.model)
+    trainer.train()
+    assert changed(before, trainer.model)
+    logs = logged(trainer)
+    assert all(math.isfinite(log["loss"]) for log in logs)
+    assert all("starvation/grad_throughput/pos" in log for log in logs)
+
+
+def test_four_fold_reuse_samples_a_quarter_of_the_tokens(make_trainer):
+    trainer = make_trainer(num_iterations=4, max_steps=8)
+    trainer.train()
+    logs = logged(trainer)
+    sampled = [log["reuse/generated_tokens_per_step"] > 0 for log in logs]
+    assert sampled == [True, False, False, False] * 2
+    assert [log["reuse/staleness_max"] for log in logs] == [0, 1, 2, 3] * 2
+
+
+def test_moe_model_trains_with_router_aux_loss(make_trainer):
+    trainer = make_trainer(moe=True, respo_reuse=2, max_steps=2)
+    before = snapshot(trainer.model)
+    trainer.train()
+    assert changed(before, trainer.model)
+    logs = logged(trainer)
+    assert all("aux_loss" in log and math.isfinite(log["aux_loss"]) for log in logs)
+
+
+def test_lora_adapter_trains(make_trainer):
+    from peft import LoraConfig
+
+    from respo_trl import ReSPOTrainer
+
+    class LoRATrainer(ReSPOTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]), **kwargs)
+
+    trainer = make_trainer(trainer_cls=LoRATrainer, respo_reuse=2, max_steps=2, learning_rate=5e-2)
+    trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora" in n for n in trainable)
+    before = snapshot(trainer.model)
+    trainer.train()
+    assert set(changed(before, trainer.model)) <= set(trainable) and changed(before, trainer.model)
+
+
+def test_kl_term_and_hub_style_loading_by_path(make_trainer, tiny_model_dir):
+    trainer = make_trainer(model=tiny_model_dir, beta=0.05, respo_reuse=2, max_steps=2)
+    trainer.train()
+    logs = logged(trainer)
+    assert all("kl" in log and math.isfinite(log["kl"]) for log in logs)
+
+
+def test_model_card_identifies_respo(make_trainer, tmp_path):
+    trainer = make_trainer(max_steps=1)
+    trainer.create_model_card(model_name="tiny-respo")
+    card = (tmp_path / "out" / "README.md").read_text()
+    from huggingface_hub import ModelCard
+
+    data = ModelCard(card).data
+    assert {"respo", "trl", "rlvr", "reinforcement-learning"} <= set(data.tags)
+    assert data.library_name == "transformers"
+    assert "trained with ReSPO" in card and "2609.35433" in card
+    assert "Reshaped Sequence Policy Optimization for Gradient Starvation" in card and "vonwerra2020trl" in card
