@@ -125,12 +125,16 @@ class RolloutBuffer:
 
     # -- checkpointing -----------------------------------------------------------------------------------------------
 
-    def save(self, checkpoint_dir: str, rank: int, extra: dict | None = None) -> None:
-        """Write this process's buffer into ``checkpoint_dir`` (tensors as safetensors, the rest as JSON)."""
+    def save(self, checkpoint_dir: str, rank: int, extra: dict | None = None, include_batch: bool = True) -> None:
+        """Write this process's buffer into ``checkpoint_dir`` (tensors as safetensors, the rest as JSON).
+
+        ``include_batch=False`` (the batch has no pass left) writes the counters only.
+        """
         os.makedirs(checkpoint_dir, exist_ok=True)
         tensor_path, meta_path = buffer_files(checkpoint_dir, rank)
         tensors, values = {}, {}
-        for key, value in (self.batch or {}).items():
+        batch = self.batch if include_batch else None
+        for key, value in (batch or {}).items():
             if isinstance(value, torch.Tensor):
                 tensors[key] = value.detach().to("cpu").contiguous()
             else:
@@ -147,7 +151,7 @@ class RolloutBuffer:
             "steps_per_generation": self.steps_per_generation,
             "reshuffle": self.reshuffle,
             "seed": self.seed,
-            "has_batch": self.batch is not None,
+            "has_batch": batch is not None,
             "generation_index": self.generation_index,
             "generated_tokens": self.generated_tokens,
             "refreshes": self.refreshes,

@@ -92,8 +92,13 @@ class ReSPOTrainer(GRPOTrainer):
             return super()._prepare_inputs(generation_batch)  # evaluation: TRL's path, no buffering
         per_pass = self.args.steps_per_generation
         pass_index, micro_index = divmod(self._step % (per_pass * self.num_iterations), per_pass)
-        if (pass_index == 0 and micro_index == 0) or self.rollouts.is_empty:
+        if pass_index == 0 and micro_index == 0:
             self._fill_buffer(generation_batch)
+        elif self.rollouts.is_empty:  # mid-cycle with nothing stored: resampling here would silently change the run
+            raise RuntimeError(
+                f"No buffered rollouts to reuse at micro-step {self._step} (pass {pass_index + 1} of "
+                f"{self.num_iterations}); resume from a checkpoint that holds its rollout buffer."
+            )
         elif micro_index == 0 and self.args.respo_min_ess is not None and self._below_ess_floor():
             self._fill_buffer(generation_batch)  # same prompts (the sampler repeats them for every pass)
             self.rollouts.refreshes += 1
@@ -264,10 +269,12 @@ class ReSPOTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         # The buffer goes in first so that a checkpoint pushed to the Hub by super() carries it too.
         checkpoint_dir = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        passes_left = self._step % (self.args.steps_per_generation * self.num_iterations) != 0
         self.rollouts.save(
             checkpoint_dir,
             self.accelerator.process_index,
             extra={"step": self._step, "tokens_at_step_start": self._tokens_at_step_start},
+            include_batch=passes_left,  # a fully used batch is never served again: keep the checkpoint small
         )
         super()._save_checkpoint(model, trial)
 

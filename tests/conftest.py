@@ -71,7 +71,7 @@ def make_trainer(tokenizer, toy_dataset, tmp_path):
     from respo_trl.tiny import tiny_qwen3
 
     def build(config_cls=ReSPOConfig, moe=False, trainer_cls=ReSPOTrainer, model=None, **overrides):
-        args = config_cls(output_dir=str(tmp_path / "out"), **{**CPU_ARGS, **overrides})
+        args = config_cls(**{"output_dir": str(tmp_path / "out"), **CPU_ARGS, **overrides})
         model = model if model is not None else tiny_qwen3(tokenizer, moe=moe)
         return trainer_cls(
             model=model, reward_funcs=crc_reward, args=args, train_dataset=toy_dataset, processing_class=tokenizer
