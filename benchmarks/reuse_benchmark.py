@@ -1,0 +1,186 @@
+"""Rollout reuse on the tiny Qwen3: sampled tokens and wall time per optimizer step for R in {1, 2, 4, 8}.
+
+Reuse only pays if generation dominates the step. This measures, in one process and with interleaved repeats, the
+completion tokens sampled per optimizer step (R=4 must be exactly a quarter of R=1, since the generation batch is the
+same) and the wall time per optimizer step, and prints the measured time ratio to R=1 next to the ideal
+``(gen/R + train) / (gen + train)`` computed from R=1's measured generation and training time.
+
+    python benchmarks/reuse_benchmark.py                    # ~2-4 min on 2 CPU cores
+    python benchmarks/reuse_benchmark.py --steps 16 --repeats 3 --out docs/benchmarks
+
+Writes ``reuse_benchmark.json`` and ``reuse_benchmark.png`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import zlib
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def crc_reward(completions, **kwargs):
+    return [float(zlib.crc32(c[0]["content"].encode()) % 2) for c in completions]
+
+
+def run_once(reuse: int, steps: int, args, tokenizer, dataset, tmp: str) -> dict:
+    from respo_trl import ReSPOConfig, ReSPOTrainer
+    from respo_trl.tiny import tiny_qwen3
+
+    class TimedTrainer(ReSPOTrainer):
+        generation_seconds = 0.0
+        generations = 0
+
+        def _fill_buffer(self, generation_batch):
+            start = time.perf_counter()
+            super()._fill_buffer(generation_batch)
+            self.generation_seconds += time.perf_counter() - start
+            self.generations += 1
+
+    config = ReSPOConfig(
+        output_dir=os.path.join(tmp, f"r{reuse}"),
+        use_cpu=True,
+        bf16=False,
+        activation_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        logging_steps=1,
+        per_device_train_batch_size=args.batch,
+        num_generations=4,
+        max_completion_length=args.completion_len,
+        learning_rate=1e-4,
+        max_steps=steps,
+        respo_reuse=reuse,
+        seed=0,
+    )
+    trainer = TimedTrainer(
+        model=tiny_qwen3(tokenizer, hidden_size=args.hidden, num_layers=args.layers, intermediate_size=2 * args.hidden),
+        reward_funcs=crc_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
+    start = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - start
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    return {
+        "reuse": reuse,
+        "steps": steps,
+        "wall_s": wall,
+        "s_per_step": wall / steps,
+        "generations": trainer.generations,
+        "generation_s_per_batch": trainer.generation_seconds / trainer.generations,
+        "train_s_per_step": (wall - trainer.generation_seconds) / steps,
+        "generated_tokens": trainer.rollouts.generated_tokens,
+        "generated_tokens_per_step": trainer.rollouts.generated_tokens / steps,
+        "mean_staleness": statistics.mean(h["reuse/staleness_mean"] for h in logs),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reuse", default="1,2,4,8")
+    parser.add_argument("--steps", type=int, default=16, help="optimizer steps per run (a multiple of every R)")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
+    parser.add_argument("--batch", type=int, default=16, help="completions per optimizer step")
+    parser.add_argument("--completion_len", type=int, default=32)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--out", default="docs/benchmarks")
+    args = parser.parse_args()
+    reuses = [int(r) for r in args.reuse.split(",")]
+    if any(args.steps % r for r in reuses):
+        parser.error(f"--steps {args.steps} must be a multiple of every R in {reuses}")
+
+    import tempfile
+
+    import torch
+    from datasets import Dataset
+    from tqdm import tqdm
+
+    from respo_trl.tiny import build_char_tokenizer
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    tokenizer = build_char_tokenizer()
+    prompts = [[{"role": "user", "content": f"{i}+{(7 * i) % 13}="}] for i in range(512)]
+    dataset = Dataset.from_dict({"prompt": prompts})
+
+    runs = {r: [] for r in reuses}
+    order = []
+    for rep in range(args.repeats):
+        order += reuses if rep % 2 == 0 else list(reversed(reuses))
+    with tempfile.TemporaryDirectory() as tmp:
+        for reuse in tqdm(order, desc="runs"):
+            runs[reuse].append(run_once(reuse, args.steps, args, tokenizer, dataset, tmp))
+
+    def med(reuse, key):
+        return statistics.median(run[key] for run in runs[reuse])
+
+    base = reuses[0]
+    gen, train = med(base, "generation_s_per_batch"), med(base, "train_s_per_step")
+    rows = []
+    for reuse in reuses:
+        measured = med(reuse, "s_per_step") / med(base, "s_per_step")
+        ideal = (gen / reuse + train) / (gen + train)
+        rows.append(
+            {
+                "reuse": reuse,
+                "generated_tokens_per_step": med(reuse, "generated_tokens_per_step"),
+                "tokens_ratio_to_R1": med(reuse, "generated_tokens_per_step") / med(base, "generated_tokens_per_step"),
+                "s_per_step": med(reuse, "s_per_step"),
+                "time_ratio_to_R1": measured,
+                "ideal_time_ratio": ideal,
+                "generation_s_per_batch": med(reuse, "generation_s_per_batch"),
+                "train_s_per_step": med(reuse, "train_s_per_step"),
+                "mean_staleness": med(reuse, "mean_staleness"),
+            }
+        )
+    report = {
+        "command": "python " + " ".join(sys.argv),
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__},
+        "settings": vars(args),
+        "rows": rows,
+        "runs": runs,
+    }
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "reuse_benchmark.json"), "w") as f:
+        json.dump(report, f, indent=1)
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    x = range(len(reuses))
+    ax.bar([i - 0.2 for i in x], [r["time_ratio_to_R1"] for r in rows], 0.4, label="measured")
+    ax.bar([i + 0.2 for i in x], [r["ideal_time_ratio"] for r in rows], 0.4, label="ideal (gen/R + train)")
+    ax.plot(list(x), [1 / r for r in reuses], "k.--", label="sampled tokens (1/R)")
+    ax.set_xticks(list(x), [f"R={r}" for r in reuses])
+    ax.set_ylabel("per optimizer step, relative to R=1")
+    ax.set_title("Rollout reuse on the tiny Qwen3 (CPU)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "reuse_benchmark.png"), dpi=120)
+
+    print(f"\ngeneration {gen:.3f} s/batch, training {train:.3f} s/step at R={base} (medians of {args.repeats})")
+    print(f"{'R':>3} {'tokens/step':>12} {'tok ratio':>10} {'s/step':>8} {'time ratio':>11} {'ideal':>7} {'staleness':>10}")
+    for r in rows:
+        print(
+            f"{r['reuse']:>3} {r['generated_tokens_per_step']:12.1f} {r['tokens_ratio_to_R1']:10.3f} {r['s_per_step']:8.3f} "
+            f"{r['time_ratio_to_R1']:11.3f} {r['ideal_time_ratio']:7.3f} {r['mean_staleness']:10.2f}"
+        )
+    print(f"wrote {os.path.join(args.out, 'reuse_benchmark.json')}")
+
+
+if __name__ == "__main__":
+    main()
