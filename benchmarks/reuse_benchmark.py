@@ -31,6 +31,8 @@ def crc_reward(completions, **kwargs):
 
 
 def run_once(reuse: int, steps: int, args, tokenizer, dataset, tmp: str) -> dict:
+    from transformers.trainer_callback import PrinterCallback
+
     from respo_trl import ReSPOConfig, ReSPOTrainer
     from respo_trl.tiny import tiny_qwen3
 
@@ -56,6 +58,8 @@ def run_once(reuse: int, steps: int, args, tokenizer, dataset, tmp: str) -> dict
         per_device_train_batch_size=args.batch,
         num_generations=4,
         max_completion_length=args.completion_len,
+        # every completion runs to the full length, so sampled tokens measure the generation work exactly
+        generation_kwargs={"min_new_tokens": args.completion_len},
         learning_rate=1e-4,
         max_steps=steps,
         respo_reuse=reuse,
@@ -68,6 +72,7 @@ def run_once(reuse: int, steps: int, args, tokenizer, dataset, tmp: str) -> dict
         train_dataset=dataset,
         processing_class=tokenizer,
     )
+    trainer.remove_callback(PrinterCallback)
     start = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - start

@@ -52,6 +52,13 @@ class ReSPOConfig(GRPOConfig):
         respo_buffer_device (`str`, defaults to `"auto"`):
             ``"auto"`` keeps buffered rollouts on the training device; ``"cpu"`` parks them in host memory between
             uses (long contexts).
+
+        > Diagnostics
+
+        respo_log_diagnostics (`bool`, defaults to `True`):
+            Log the starvation and off-policy metrics (``starvation/*``, ``offpolicy/*``, ``respo/*``) on every step,
+            for every ``loss_type``. They cost one small all-gather and elementwise work per micro-batch (measured in
+            ``docs/diagnostics.md``); the reuse metrics (``reuse/*``) are always logged.
     """
 
     loss_type: str = field(
@@ -116,6 +123,11 @@ class ReSPOConfig(GRPOConfig):
     respo_buffer_device: str = field(
         default="auto",
         metadata={"help": "Where buffered rollouts live between passes: 'auto' (training device) or 'cpu'."},
+    )
+
+    respo_log_diagnostics: bool = field(
+        default=True,
+        metadata={"help": "Log the starvation/off-policy diagnostics on every step (one small all-gather per micro-batch)."},
     )
 
     def __post_init__(self):

@@ -227,6 +227,10 @@ class ReSPOTrainer(GRPOTrainer):
 
     def _log_step_metrics(self, inputs) -> None:
         mode = "train" if self.model.training else "eval"
+        if not self.args.respo_log_diagnostics:
+            if mode == "train":
+                self._log_reuse_metrics(inputs, mode)
+            return
         logps = self._captured_logps
         mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
         old = inputs.get("old_per_token_logps")
@@ -252,15 +256,21 @@ class ReSPOTrainer(GRPOTrainer):
         metrics = summarize(table[:, : len(COLUMNS)])
         staleness, nonfinite = table[:, len(COLUMNS)], table[:, len(COLUMNS) + 1]
         metrics["respo/nonfinite_seqs"] = nonfinite.sum().item()
+        for key, value in metrics.items():
+            self._metrics[mode][key].append(value)
         if mode == "train":
-            metrics["reuse/staleness_mean"] = staleness.mean().item()
-            metrics["reuse/staleness_max"] = staleness.max().item()
-            if self._step % self.current_gradient_accumulation_steps == 0:  # first micro-batch of an optimizer step
-                generated = self.rollouts.generated_tokens
-                metrics["reuse/generated_tokens_per_step"] = float(generated - self._tokens_at_step_start)
-                self._tokens_at_step_start = generated
-            metrics["reuse/generated_tokens"] = float(self.rollouts.generated_tokens)
-            metrics["reuse/refreshes"] = float(self.rollouts.refreshes)
+            self._log_reuse_metrics(inputs, mode, staleness)
+
+    def _log_reuse_metrics(self, inputs, mode, staleness=None) -> None:
+        if staleness is None:  # diagnostics off: gather the staleness alone
+            staleness = self.accelerator.gather((self.state.global_step - inputs[VERSION_KEY]).float())
+        metrics = {"reuse/staleness_mean": staleness.mean().item(), "reuse/staleness_max": staleness.max().item()}
+        if self._step % self.current_gradient_accumulation_steps == 0:  # first micro-batch of an optimizer step
+            generated = self.rollouts.generated_tokens
+            metrics["reuse/generated_tokens_per_step"] = float(generated - self._tokens_at_step_start)
+            self._tokens_at_step_start = generated
+        metrics["reuse/generated_tokens"] = float(self.rollouts.generated_tokens)
+        metrics["reuse/refreshes"] = float(self.rollouts.refreshes)
         for key, value in metrics.items():
             self._metrics[mode][key].append(value)
 

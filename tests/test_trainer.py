@@ -158,3 +158,12 @@ def test_model_card_identifies_respo(make_trainer, tmp_path):
     assert data.library_name == "transformers"
     assert "trained with ReSPO" in card and "2609.35433" in card
     assert "Reshaped Sequence Policy Optimization for Gradient Starvation" in card and "vonwerra2020trl" in card
+
+
+def test_diagnostics_can_be_switched_off_but_reuse_accounting_stays(make_trainer):
+    trainer = make_trainer(respo_log_diagnostics=False, respo_reuse=2, max_steps=2)
+    trainer.train()
+    logs = logged(trainer)
+    assert all("starvation/grad_throughput/pos" not in log for log in logs)
+    assert [log["reuse/staleness_mean"] for log in logs] == [0, 1]
+    assert logs[-1]["reuse/generated_tokens"] > 0
