@@ -131,8 +131,8 @@ class ReSPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
-        self._reconcile_reuse()
         super().__post_init__()
+        self._reconcile_reuse()
         self.validate_respo()
 
     def _reconcile_reuse(self) -> None:
