@@ -219,7 +219,6 @@ def eval_metadata(report: dict) -> list[EvalResult]:
             dataset_config=row.get("config"),
             dataset_split=row.get("split"),
             metric_type="accuracy",
-            source_name="respo_trl recipes/eval_math.py",
         )
         n = row["n"]
         results.append(EvalResult(**common, metric_name=f"avg@{n}", metric_value=round(100 * row["avg_at_n"], 2)))
