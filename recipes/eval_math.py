@@ -198,26 +198,32 @@ def generate_transformers(model, tokenizer, prompts: list[str], sampling: Sampli
     return outputs
 
 
-def generate_vllm(args, tokenizer, prompts: list[str], sampling: Sampling) -> list[list[str]]:
-    """``n`` completions per prompt with vLLM's offline ``LLM.generate`` (its own tqdm bar). Prompts are passed as
-    token ids, as TRL does, so the chat template's tokens are not re-tokenised with extra special tokens."""
-    from vllm import LLM, SamplingParams
+def load_vllm(args, seed: int):
+    """The vLLM engine, built once per run (it is reused for every benchmark)."""
+    from vllm import LLM
 
-    llm = LLM(
+    return LLM(
         model=args.model,
         revision=args.revision,
         dtype=args.dtype,
         tensor_parallel_size=args.tensor_parallel_size,
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_model_len=args.max_model_len,
-        seed=sampling.seed,
+        seed=seed,
         trust_remote_code=args.trust_remote_code,
     )
+
+
+def generate_vllm(llm, tokenizer, prompts: list[str], sampling: Sampling) -> list[list[str]]:
+    """``n`` completions per prompt with vLLM's offline ``LLM.generate`` (its own tqdm bar). Prompts are passed as
+    token ids, as TRL does, so the chat template's tokens are not re-tokenised with extra special tokens."""
+    from vllm import SamplingParams
+
     params = SamplingParams(
         n=sampling.n,
         temperature=sampling.temperature,
         top_p=sampling.top_p if sampling.temperature > 0 else 1.0,
-        top_k=sampling.top_k,  # 0 disables top-k, as in TRL's vLLM calls
+        top_k=sampling.top_k if sampling.top_k > 0 else -1,  # -1 disables top-k in every vLLM release (0 only in newer)
         max_tokens=sampling.max_new_tokens,
     )
     requests = [{"prompt_token_ids": tokenizer(p, add_special_tokens=False).input_ids} for p in prompts]
@@ -251,10 +257,13 @@ def load_tokenizer(args):
 
 def score_benchmark(label: str, spec: BenchmarkSpec, problems: list[Problem], completions: list[list[str]], ks):
     """Grade every sample with the training reward and reduce to the benchmark's metrics and per-sample records."""
+    from tqdm.auto import tqdm
+
     from respo_trl.grading import aggregate, gold_solution, grade, problem_metrics
 
     per_problem, samples, skipped = [], [], []
-    for problem, texts in zip(problems, completions, strict=True):
+    graded = tqdm(zip(problems, completions, strict=True), total=len(problems), desc=f"grading {label}", unit="problem")
+    for problem, texts in graded:
         grades = grade(texts, [gold_solution(problem.answer)] * len(texts))
         if any(g.reward is None for g in grades):  # gold answer unparseable: the training reward skips it too
             skipped.append(problem.uid)
@@ -369,13 +378,13 @@ def main(argv=None, generate=None) -> dict:
     if generate is not None:
         backend = "custom"
     tokenizer = load_tokenizer(args)
-    model = None
     if generate is None:
         if backend == "transformers":
             model = load_transformers_model(args)
             generate = lambda prompts, s: generate_transformers(model, tokenizer, prompts, s, args.batch_size)  # noqa: E731
         else:
-            generate = lambda prompts, s: generate_vllm(args, tokenizer, prompts, s)  # noqa: E731
+            llm = load_vllm(args, args.seed)
+            generate = lambda prompts, s: generate_vllm(llm, tokenizer, prompts, s)  # noqa: E731
 
     rows, all_samples = [], []
     started = time.time()
