@@ -25,6 +25,7 @@ import json
 import math
 import os
 import re
+import shutil
 from importlib.metadata import PackageNotFoundError, version
 from importlib.resources import files
 from pathlib import Path
@@ -381,7 +382,14 @@ def main(argv=None) -> str:
     parser.add_argument("--out", help="where to write the card (default: OUTPUT_DIR/README.md)")
     args = parser.parse_args(argv)
     card = card_from_output_dir(args.output_dir, args.model_name, args.base_model, args.dataset_name, args.hub_model_id)
-    out = args.out or os.path.join(args.output_dir, "README.md")
+    out = Path(args.out or os.path.join(args.output_dir, "README.md"))
+    curves = Path(args.output_dir) / CURVES_FILE
+    if out.parent.resolve() != Path(args.output_dir).resolve() and f"]({CURVES_FILE})" in card.content and curves.is_file():
+        # A card kept elsewhere (model_cards/NAME.md) takes its plot along as NAME.png.
+        out.parent.mkdir(parents=True, exist_ok=True)
+        image = out.with_suffix(".png")
+        shutil.copyfile(curves, image)
+        card.content = card.content.replace(f"]({CURVES_FILE})", f"]({image.name})")
     card.save(out)
     print(f"wrote {out}")
     return out

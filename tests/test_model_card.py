@@ -142,6 +142,7 @@ def test_cli_rebuilds_the_card_from_an_output_dir(trained, tmp_path):
     data = ModelCard(card).data
     assert data.base_model == "Qwen/Qwen3-0.6B" and data.datasets == ["openai/gsm8k"]  # kept from the old card
     assert 'from_pretrained("me/tiny-respo"' in card and "| `respo_norm` | ess |" in card
+    assert "](card.png)" in card and (tmp_path / "card.png").read_bytes() == (output_dir / "training_curves.png").read_bytes()
     assert "| math500 | 6 | 4 | 25.0 ± 10.0 |" in card and "| optimizer steps | 4 |" in card  # checkpoint-4's log
     (output_dir / RESULTS_FILE).unlink()
     with pytest.raises(FileNotFoundError, match="training_args.bin"):
