@@ -126,7 +126,9 @@ def load_problems(spec: BenchmarkSpec, problem_column=None, answer_column=None, 
     return problems
 
 
-def build_prompts(tokenizer, problems, system_prompt: str, prompt_template: str, chat_template_kwargs: dict) -> list[str]:
+def build_prompts(
+    tokenizer, problems, system_prompt: str, prompt_template: str, chat_template_kwargs: dict
+) -> list[str]:
     """Chat-formatted prompt texts (system prompt asking for ``\\boxed{}``, then the problem as the user turn)."""
     prompts = []
     for p in problems:
@@ -157,7 +159,7 @@ class Sampling:
 
 def vllm_available() -> bool:
     try:
-        import vllm  # noqa: F401
+        import vllm
     except ImportError:
         return False
     import torch
@@ -165,7 +167,9 @@ def vllm_available() -> bool:
     return torch.cuda.is_available()
 
 
-def generate_transformers(model, tokenizer, prompts: list[str], sampling: Sampling, batch_size: int) -> list[list[str]]:
+def generate_transformers(
+    model, tokenizer, prompts: list[str], sampling: Sampling, batch_size: int
+) -> list[list[str]]:
     """``n`` completions per prompt with ``model.generate``: left-padded batches of ``batch_size`` sequences, prompts
     sorted by length to limit padding, a tqdm bar counting sequences."""
     import torch
@@ -223,7 +227,9 @@ def generate_vllm(llm, tokenizer, prompts: list[str], sampling: Sampling) -> lis
         n=sampling.n,
         temperature=sampling.temperature,
         top_p=sampling.top_p if sampling.temperature > 0 else 1.0,
-        top_k=sampling.top_k if sampling.top_k > 0 else -1,  # -1 disables top-k in every vLLM release (0 only in newer)
+        top_k=sampling.top_k
+        if sampling.top_k > 0
+        else -1,  # -1 disables top-k in every vLLM release (0 only in newer)
         max_tokens=sampling.max_new_tokens,
     )
     requests = [{"prompt_token_ids": tokenizer(p, add_special_tokens=False).input_ids} for p in prompts]
@@ -245,7 +251,9 @@ def load_transformers_model(args):
 def load_tokenizer(args):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(args.model, revision=args.revision, trust_remote_code=args.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(
+        args.model, revision=args.revision, trust_remote_code=args.trust_remote_code
+    )
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -262,7 +270,9 @@ def score_benchmark(label: str, spec: BenchmarkSpec, problems: list[Problem], co
     from respo_trl.grading import aggregate, gold_solution, grade, problem_metrics
 
     per_problem, samples, skipped = [], [], []
-    graded = tqdm(zip(problems, completions, strict=True), total=len(problems), desc=f"grading {label}", unit="problem")
+    graded = tqdm(
+        zip(problems, completions, strict=True), total=len(problems), desc=f"grading {label}", unit="problem"
+    )
     for problem, texts in graded:
         grades = grade(texts, [gold_solution(problem.answer)] * len(texts))
         if any(g.reward is None for g in grades):  # gold answer unparseable: the training reward skips it too
@@ -271,13 +281,26 @@ def score_benchmark(label: str, spec: BenchmarkSpec, problems: list[Problem], co
         metrics = problem_metrics(grades, texts, ks)
         per_problem.append(metrics)
         samples.extend(
-            {"benchmark": label, "id": problem.uid, "sample": j, "answer": problem.answer, "parsed": g.answer,
-             "correct": g.correct, "completion": text}
+            {
+                "benchmark": label,
+                "id": problem.uid,
+                "sample": j,
+                "answer": problem.answer,
+                "parsed": g.answer,
+                "correct": g.correct,
+                "completion": text,
+            }
             for j, (g, text) in enumerate(zip(grades, texts))
         )
     if skipped:
         logger.warning(f"{label}: {len(skipped)} problem(s) skipped, gold answer not parseable: {skipped[:10]}")
-    row = {"benchmark": label, "dataset": spec.dataset, "config": spec.config, "split": spec.split, **aggregate(per_problem)}
+    row = {
+        "benchmark": label,
+        "dataset": spec.dataset,
+        "config": spec.config,
+        "split": spec.split,
+        **aggregate(per_problem),
+    }
     row["skipped"] = skipped
     return row, samples
 
@@ -319,28 +342,37 @@ def write_report(report: dict, samples: list[dict], output_dir: str, save_sample
         f.write(header + results_table(report) + f"\n\nCommand: `{report['command']}`\n")
     if save_samples:
         with open(os.path.join(output_dir, SAMPLES_JSONL), "w") as f:
-            for record in samples:
-                f.write(json.dumps(record) + "\n")
+            f.writelines(json.dumps(record) + "\n" for record in samples)
 
 
 # -- main ------------------------------------------------------------------------------------------------------------------
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="local directory (a trained output_dir or a snapshot) or Hub id")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model", required=True, help="local directory (a trained output_dir or a snapshot) or Hub id"
+    )
     parser.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) of --model")
-    parser.add_argument("--benchmarks", nargs="+", default=["math500"], help=f"short names {sorted(BENCHMARKS)}, Hub ids or files")
+    parser.add_argument(
+        "--benchmarks", nargs="+", default=["math500"], help=f"short names {sorted(BENCHMARKS)}, Hub ids or files"
+    )
     parser.add_argument("--n", type=int, default=4, help="samples per problem")
     parser.add_argument("--temperature", type=float, default=0.6, help="0 means greedy (then use --n 1)")
     parser.add_argument("--top_p", type=float, default=0.95)
     parser.add_argument("--top_k", type=int, default=0, help="0 disables top-k (TRL's default)")
     parser.add_argument("--max_new_tokens", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--ks", type=int, nargs="*", default=None, help="k for pass@k (default: powers of two < n, and n)")
+    parser.add_argument(
+        "--ks", type=int, nargs="*", default=None, help="k for pass@k (default: powers of two < n, and n)"
+    )
     parser.add_argument("--system_prompt", default=DEFAULT_SYSTEM_PROMPT, help="'' for no system turn")
     parser.add_argument("--prompt_template", default="{problem}", help="user turn; {problem} is replaced")
-    parser.add_argument("--chat_template_kwargs", type=json.loads, default={}, help='JSON, e.g. \'{"enable_thinking": false}\'')
+    parser.add_argument(
+        "--chat_template_kwargs", type=json.loads, default={}, help="JSON, e.g. '{\"enable_thinking\": false}'"
+    )
     parser.add_argument("--problem_column", default=None)
     parser.add_argument("--answer_column", default=None)
     parser.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark (quick checks)")
@@ -352,7 +384,9 @@ def parse_args(argv=None):
     parser.add_argument("--gpu_memory_utilization", type=float, default=0.9, help="vLLM backend")
     parser.add_argument("--max_model_len", type=int, default=None, help="vLLM backend")
     parser.add_argument("--trust_remote_code", action="store_true")
-    parser.add_argument("--output_dir", default=None, help="default: --model if it is a trained output_dir, else eval_math/NAME")
+    parser.add_argument(
+        "--output_dir", default=None, help="default: --model if it is a trained output_dir, else eval_math/NAME"
+    )
     parser.add_argument("--save_samples", action="store_true", help=f"also write every completion to {SAMPLES_JSONL}")
     args = parser.parse_args(argv)
     if args.n < 1:
@@ -381,10 +415,10 @@ def main(argv=None, generate=None) -> dict:
     if generate is None:
         if backend == "transformers":
             model = load_transformers_model(args)
-            generate = lambda prompts, s: generate_transformers(model, tokenizer, prompts, s, args.batch_size)  # noqa: E731
+            generate = lambda prompts, s: generate_transformers(model, tokenizer, prompts, s, args.batch_size)
         else:
             llm = load_vllm(args, args.seed)
-            generate = lambda prompts, s: generate_vllm(llm, tokenizer, prompts, s)  # noqa: E731
+            generate = lambda prompts, s: generate_vllm(llm, tokenizer, prompts, s)
 
     rows, all_samples = [], []
     started = time.time()
@@ -392,7 +426,9 @@ def main(argv=None, generate=None) -> dict:
         label, spec = resolve_benchmark(name)
         problems = load_problems(spec, args.problem_column, args.answer_column, args.limit)
         logger.info(f"{label}: {len(problems)} problems x {args.n} samples ({backend})")
-        prompts = build_prompts(tokenizer, problems, args.system_prompt, args.prompt_template, args.chat_template_kwargs)
+        prompts = build_prompts(
+            tokenizer, problems, args.system_prompt, args.prompt_template, args.chat_template_kwargs
+        )
         completions = generate(prompts, sampling)
         row, samples = score_benchmark(label, spec, problems, completions, ks)
         rows.append(row)
@@ -407,9 +443,15 @@ def main(argv=None, generate=None) -> dict:
         "weights_sha256": weights_fingerprint(args.model),  # lets a model card check these are its weights
         "backend": backend,
         "generation": {
-            "n": args.n, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
-            "max_new_tokens": args.max_new_tokens, "seed": args.seed, "system_prompt": args.system_prompt,
-            "prompt_template": args.prompt_template, "chat_template_kwargs": args.chat_template_kwargs,
+            "n": args.n,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "top_k": args.top_k,
+            "max_new_tokens": args.max_new_tokens,
+            "seed": args.seed,
+            "system_prompt": args.system_prompt,
+            "prompt_template": args.prompt_template,
+            "chat_template_kwargs": args.chat_template_kwargs,
         },
         "grading": "respo_trl.grading.grade (trl.rewards.accuracy_reward, math-verify), gold answers boxed",
         "results": rows,

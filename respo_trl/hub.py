@@ -22,7 +22,6 @@ except ImportError:  # pragma: no cover - other huggingface_hub layouts
     _ClientHTTPError = OSError
 
 
-
 class HubPushError(OSError):
     """The Hub could not be reached or refused the push; the message says why, where the local copy is, how to retry."""
 

@@ -86,7 +86,9 @@ def weights_fingerprint(model_dir: str | os.PathLike) -> str | None:
     if not model_dir.is_dir():
         return None
     names = sorted(
-        p.name for p in model_dir.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES and p.name not in NOT_WEIGHTS
+        p.name
+        for p in model_dir.iterdir()
+        if p.is_file() and p.suffix in WEIGHT_SUFFIXES and p.name not in NOT_WEIGHTS
     )
     if not names:
         return None
@@ -143,7 +145,11 @@ def training_curves(log_history: list[dict], path: str | os.PathLike) -> str | N
     axes[0].set(xlabel="optimizer step", ylabel="mean reward", title="reward")
     if has_tokens:
         axes[1].plot(tokens, rewards, marker="." if len(rows) < 50 else None, color="C1")
-        axes[1].set(xlabel="generated tokens (reuse/generated_tokens)", ylabel="mean reward", title="reward vs sampling compute")
+        axes[1].set(
+            xlabel="generated tokens (reuse/generated_tokens)",
+            ylabel="mean reward",
+            title="reward vs sampling compute",
+        )
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.savefig(path, dpi=110)
@@ -160,7 +166,10 @@ def training_summary(log_history: list[dict]) -> list[tuple[str, str]]:
     summary = [
         ("optimizer steps", str(max(h["step"] for h in logged))),
         ("reward, first sampling step", f"{rows[0]['reward']:.4g}"),
-        (f"reward, mean of the last {len(tail)} sampling step(s)", f"{sum(h['reward'] for h in tail) / len(tail):.4g}"),
+        (
+            f"reward, mean of the last {len(tail)} sampling step(s)",
+            f"{sum(h['reward'] for h in tail) / len(tail):.4g}",
+        ),
     ]
     tokens = _values(logged, "reuse/generated_tokens")
     if tokens:
@@ -168,8 +177,12 @@ def training_summary(log_history: list[dict]) -> list[tuple[str, str]]:
     throughput = _values(rows, "starvation/grad_throughput/pos")
     clipped = _values(rows, "starvation/clip_grad_throughput/pos")
     if throughput and clipped:
-        summary.append(("mean positive gradient throughput (this loss / clipped loss)",
-                        f"{sum(throughput) / len(throughput):.3g} / {sum(clipped) / len(clipped):.3g}"))
+        summary.append(
+            (
+                "mean positive gradient throughput (this loss / clipped loss)",
+                f"{sum(throughput) / len(throughput):.3g} / {sum(clipped) / len(clipped):.3g}",
+            )
+        )
     train_end = [h for h in log_history if "train_runtime" in h]
     if train_end:
         summary.append(("train runtime (s)", f"{train_end[-1]['train_runtime']:.1f}"))
@@ -180,8 +193,19 @@ def library_versions() -> list[tuple[str, str]]:
     from . import __version__
 
     found = [("respo_trl", __version__)]
-    for name in ("trl", "transformers", "torch", "datasets", "tokenizers", "accelerate", "peft", "math-verify",
-                 "huggingface-hub", "vllm", "deepspeed"):
+    for name in (
+        "trl",
+        "transformers",
+        "torch",
+        "datasets",
+        "tokenizers",
+        "accelerate",
+        "peft",
+        "math-verify",
+        "huggingface-hub",
+        "vllm",
+        "deepspeed",
+    ):
         try:
             found.append((name, version(name)))
         except PackageNotFoundError:
@@ -193,7 +217,11 @@ def hyperparameters(args: dict) -> list[tuple[str, str]]:
     loss = args.get("loss_type", "respo")
     rows = []
     for name, only_for in HYPERPARAMETERS:
-        if name not in args or (only_for == "respo" and loss != "respo") or (only_for == "clipped" and loss == "respo"):
+        if (
+            name not in args
+            or (only_for == "respo" and loss != "respo")
+            or (only_for == "clipped" and loss == "respo")
+        ):
             continue
         if name == "respo_rho_min" and args.get("respo_norm") != "ess":
             continue
@@ -339,7 +367,9 @@ def write_trainer_card(trainer, model_name=None, dataset_name=None, tags=None) -
     return path
 
 
-def card_from_output_dir(output_dir, model_name=None, base_model=None, dataset_name=None, hub_model_id=None) -> ModelCard:
+def card_from_output_dir(
+    output_dir, model_name=None, base_model=None, dataset_name=None, hub_model_id=None
+) -> ModelCard:
     """Rebuild the card of a finished run from what it saved: ``training_args.bin`` (the config),
     ``trainer_state.json`` (the log; output_dir's or the newest checkpoint's) and ``eval_math.json``. Values not given
     are kept from the existing ``README.md``."""
@@ -353,7 +383,9 @@ def card_from_output_dir(output_dir, model_name=None, base_model=None, dataset_n
         raise FileNotFoundError(f"{args_path} not found: is {output_dir} a ReSPOTrainer output_dir?")
     args = torch.load(args_path, weights_only=False)  # our own pickled ReSPOConfig
     states = [output_dir / "trainer_state.json"] + sorted(
-        output_dir.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[-1]), reverse=True
+        output_dir.glob("checkpoint-*/trainer_state.json"),
+        key=lambda p: int(p.parent.name.split("-")[-1]),
+        reverse=True,
     )
     state = next((p for p in states if p.is_file()), None)
     log_history = json.loads(state.read_text())["log_history"] if state else []
@@ -381,10 +413,16 @@ def main(argv=None) -> str:
     parser.add_argument("--hub_model_id", help="repository the card will live in (for the download snippet)")
     parser.add_argument("--out", help="where to write the card (default: OUTPUT_DIR/README.md)")
     args = parser.parse_args(argv)
-    card = card_from_output_dir(args.output_dir, args.model_name, args.base_model, args.dataset_name, args.hub_model_id)
+    card = card_from_output_dir(
+        args.output_dir, args.model_name, args.base_model, args.dataset_name, args.hub_model_id
+    )
     out = Path(args.out or os.path.join(args.output_dir, "README.md"))
     curves = Path(args.output_dir) / CURVES_FILE
-    if out.parent.resolve() != Path(args.output_dir).resolve() and f"]({CURVES_FILE})" in card.content and curves.is_file():
+    if (
+        out.parent.resolve() != Path(args.output_dir).resolve()
+        and f"]({CURVES_FILE})" in card.content
+        and curves.is_file()
+    ):
         # A card kept elsewhere (model_cards/NAME.md) takes its plot along as NAME.png.
         out.parent.mkdir(parents=True, exist_ok=True)
         image = out.with_suffix(".png")

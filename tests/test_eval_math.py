@@ -76,7 +76,7 @@ def test_majority_vote_counts_ties_and_abstentions():
     assert majority_vote([None, None, None, "a"], [False, False, False, True]) == 1.0
     assert majority_vote([None, None], [False, False]) == 0.0
     # Equivalent spellings merge into one answer when `same` says so.
-    same = lambda x, y: {x, y} == {"0.5", "1/2"}  # noqa: E731
+    same = lambda x, y: {x, y} == {"0.5", "1/2"}
     answers, correct = ["0.5", "1/2", "3", "3"], [True, True, False, False]
     assert majority_vote(answers, correct) == 0.0  # '3' has 2 votes, '0.5' and '1/2' one each
     assert majority_vote(answers + ["1/2"], correct + [True], same) == 1.0  # 3 votes against 2
@@ -136,7 +136,11 @@ def test_grade_is_trl_accuracy_reward_and_shares_its_extraction():
 def test_gold_answers_are_boxed_so_math_answers_parse_as_written():
     from trl.rewards import accuracy_reward
 
-    for answer, completion in [("4 - 7i", "\\boxed{4-7i}"), ("3\\sqrt{13}", "\\boxed{3\\sqrt{13}}"), ("1,-2", "\\boxed{-2, 1}")]:
+    for answer, completion in [
+        ("4 - 7i", "\\boxed{4-7i}"),
+        ("3\\sqrt{13}", "\\boxed{3\\sqrt{13}}"),
+        ("1,-2", "\\boxed{-2, 1}"),
+    ]:
         assert gold_solution(answer) == f"\\boxed{{{answer}}}"
         assert grade([completion], [gold_solution(answer)])[0].correct, answer
         # The bare string is mis-parsed by math-verify's default gold parse (why gold_solution exists).
@@ -181,7 +185,9 @@ def test_local_files_map_to_the_common_schema(eval_math, tmp_path):
     from datasets import Dataset
 
     amc = tmp_path / "amc.parquet"
-    Dataset.from_dict({"id": [0, 1], "question": ["q0", "q1"], "answer": [27.0, 0.5], "url": ["u", "u"]}).to_parquet(amc)
+    Dataset.from_dict({"id": [0, 1], "question": ["q0", "q1"], "answer": [27.0, 0.5], "url": ["u", "u"]}).to_parquet(
+        amc
+    )
     loaded = eval_math.load_problems(eval_math.BenchmarkSpec(str(amc)))
     assert [(p.uid, p.problem, p.answer) for p in loaded] == [("0", "q0", "27"), ("1", "q1", "0.5")]
     aime = tmp_path / "aime.jsonl"
@@ -218,7 +224,17 @@ def test_end_to_end_metrics_with_known_completions(eval_math, tiny_model_dir, tm
         return [canned[row["answer"]] for row in rows]
 
     out = tmp_path / "eval"
-    argv = ["--model", tiny_model_dir, "--benchmarks", str(SAMPLE), "--n", "4", "--output_dir", str(out), "--save_samples"]
+    argv = [
+        "--model",
+        tiny_model_dir,
+        "--benchmarks",
+        str(SAMPLE),
+        "--n",
+        "4",
+        "--output_dir",
+        str(out),
+        "--save_samples",
+    ]
     report = eval_math.main(argv, generate=generate)
 
     assert seen["sampling"].n == 4 and seen["sampling"].temperature == 0.6 and seen["sampling"].top_p == 0.95
@@ -264,8 +280,25 @@ def test_download_call_and_evaluation_from_a_local_snapshot(eval_math, tiny_mode
     snapshot = snapshot_download("respo/tiny-demo", cache_dir=cache)  # offline: the local snapshot directory
 
     out = tmp_path / "eval"
-    argv = ["--model", snapshot, "--benchmarks", str(SAMPLE), "--limit", "2", "--n", "3", "--max_new_tokens", "6",
-            "--batch_size", "4", "--backend", "transformers", "--output_dir", str(out), "--save_samples"]
+    argv = [
+        "--model",
+        snapshot,
+        "--benchmarks",
+        str(SAMPLE),
+        "--limit",
+        "2",
+        "--n",
+        "3",
+        "--max_new_tokens",
+        "6",
+        "--batch_size",
+        "4",
+        "--backend",
+        "transformers",
+        "--output_dir",
+        str(out),
+        "--save_samples",
+    ]
     report = eval_math.main(argv)
     assert report["backend"] == "transformers" and report["model"] == snapshot
     (result,) = report["results"]
@@ -279,7 +312,7 @@ def test_download_call_and_evaluation_from_a_local_snapshot(eval_math, tiny_mode
 
 def test_backend_auto_uses_transformers_without_vllm(eval_math):
     try:
-        import vllm  # noqa: F401
+        import vllm
     except ImportError:
         assert not eval_math.vllm_available()
     else:  # pragma: no cover - GPU machines

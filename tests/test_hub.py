@@ -72,11 +72,14 @@ def stub_hub():
             calls.append(self.path)
             if self.path == "/api/repos/create":
                 if Handler.create_status == 200:
-                    self.reply(200, {"url": f"http://127.0.0.1:{self.server.server_port}/me/tiny-respo", "name": "me/tiny-respo"})
+                    self.reply(
+                        200,
+                        {"url": f"http://127.0.0.1:{self.server.server_port}/me/tiny-respo", "name": "me/tiny-respo"},
+                    )
                 else:
                     self.reply(401, {"error": "Invalid credentials in Authorization header"})
             else:
-                self.reply(403, {"error": "You don't have the rights to create a model under the namespace \"me\""})
+                self.reply(403, {"error": 'You don\'t have the rights to create a model under the namespace "me"'})
 
         do_GET = do_PUT = do_POST
 

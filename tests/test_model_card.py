@@ -23,9 +23,19 @@ def report_for(output_dir, dataset="HuggingFaceH4/MATH-500", avg=0.375, fingerpr
         "backend": "transformers",
         "generation": {"n": 4, "temperature": 0.6, "top_p": 0.95, "max_new_tokens": 64},
         "results": [
-            {"benchmark": "math500", "dataset": dataset, "config": None, "split": "test", "problems": 6, "n": 4,
-             "avg_at_n": avg, "avg_at_n_stderr": 0.1, "pass_at_k": {"1": avg, "2": 0.5, "4": 0.8}, "maj_at_n": 0.5,
-             "skipped": []}
+            {
+                "benchmark": "math500",
+                "dataset": dataset,
+                "config": None,
+                "split": "test",
+                "problems": 6,
+                "n": 4,
+                "avg_at_n": avg,
+                "avg_at_n_stderr": 0.1,
+                "pass_at_k": {"1": avg, "2": 0.5, "4": 0.8},
+                "maj_at_n": 0.5,
+                "skipped": [],
+            }
         ],
         "command": f"python recipes/eval_math.py --model {output_dir} --n 4",
         "date": "2026-11-29",
@@ -43,10 +53,20 @@ def trained(tokenizer, toy_dataset, tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("card") / "tiny-respo"
     args = ReSPOConfig(
         output_dir=str(output_dir),
-        **{**CPU_ARGS, "max_steps": 4, "respo_reuse": 2, "save_strategy": "steps", "save_steps": 2, "respo_norm": "ess"},
+        **{
+            **CPU_ARGS,
+            "max_steps": 4,
+            "respo_reuse": 2,
+            "save_strategy": "steps",
+            "save_steps": 2,
+            "respo_norm": "ess",
+        },
     )
     trainer = ReSPOTrainer(
-        model=tiny_qwen3(tokenizer), reward_funcs=crc_reward, args=args, train_dataset=toy_dataset,
+        model=tiny_qwen3(tokenizer),
+        reward_funcs=crc_reward,
+        args=args,
+        train_dataset=toy_dataset,
         processing_class=tokenizer,
     )
     trainer.train()
@@ -56,7 +76,7 @@ def trained(tokenizer, toy_dataset, tmp_path_factory):
 
 
 def test_card_written_on_checkpoint_save(trained):
-    trainer, output_dir, card = trained
+    trainer, _output_dir, card = trained
     data = ModelCard(card).data
     assert {"respo", "trl", "rlvr", "reinforcement-learning"} <= set(data.tags)
     assert data.library_name == "transformers" and data.pipeline_tag == "text-generation"
@@ -80,7 +100,9 @@ def test_card_written_on_checkpoint_save(trained):
     assert "author" not in respo_bib
     assert "vonwerra2020trl" in card
     # No evaluation yet: the card says so and shows no table.
-    assert "No evaluation has been recorded" in section(card, "Evaluation") and "avg@" not in section(card, "Evaluation")
+    assert "No evaluation has been recorded" in section(card, "Evaluation") and "avg@" not in section(
+        card, "Evaluation"
+    )
 
 
 def test_training_numbers_and_curves_come_from_the_log(trained):
@@ -107,12 +129,26 @@ def test_eval_table_and_model_index_only_for_the_weights_evaluated(trained):
     data = ModelCard(card).data
     assert data.datasets == ["openai/gsm8k"]
     assert data.eval_results == [
-        EvalResult(task_type="text-generation", task_name="Mathematical reasoning", dataset_type="HuggingFaceH4/MATH-500",
-                   dataset_name="math500", dataset_split="test", metric_type="accuracy", metric_name="avg@4",
-                   metric_value=37.5),
-        EvalResult(task_type="text-generation", task_name="Mathematical reasoning", dataset_type="HuggingFaceH4/MATH-500",
-                   dataset_name="math500", dataset_split="test", metric_type="accuracy", metric_name="maj@4",
-                   metric_value=50.0),
+        EvalResult(
+            task_type="text-generation",
+            task_name="Mathematical reasoning",
+            dataset_type="HuggingFaceH4/MATH-500",
+            dataset_name="math500",
+            dataset_split="test",
+            metric_type="accuracy",
+            metric_name="avg@4",
+            metric_value=37.5,
+        ),
+        EvalResult(
+            task_type="text-generation",
+            task_name="Mathematical reasoning",
+            dataset_type="HuggingFaceH4/MATH-500",
+            dataset_name="math500",
+            dataset_split="test",
+            metric_type="accuracy",
+            metric_name="maj@4",
+            metric_value=50.0,
+        ),
     ]
     # The dataset is remembered for the cards written later (checkpoint saves pass no dataset).
     trainer.create_model_card()
@@ -134,7 +170,7 @@ def test_eval_table_and_model_index_only_for_the_weights_evaluated(trained):
 
 
 def test_cli_rebuilds_the_card_from_an_output_dir(trained, tmp_path):
-    trainer, output_dir, _ = trained
+    _trainer, output_dir, _ = trained
     (output_dir / RESULTS_FILE).write_text(json.dumps(report_for(output_dir, avg=0.25)))
     out = tmp_path / "card.md"
     main([str(output_dir), "--base_model", "Qwen/Qwen3-0.6B", "--hub_model_id", "me/tiny-respo", "--out", str(out)])
@@ -142,7 +178,10 @@ def test_cli_rebuilds_the_card_from_an_output_dir(trained, tmp_path):
     data = ModelCard(card).data
     assert data.base_model == "Qwen/Qwen3-0.6B" and data.datasets == ["openai/gsm8k"]  # kept from the old card
     assert 'from_pretrained("me/tiny-respo"' in card and "| `respo_norm` | ess |" in card
-    assert "](card.png)" in card and (tmp_path / "card.png").read_bytes() == (output_dir / "training_curves.png").read_bytes()
+    assert (
+        "](card.png)" in card
+        and (tmp_path / "card.png").read_bytes() == (output_dir / "training_curves.png").read_bytes()
+    )
     assert "| math500 | 6 | 4 | 25.0 ± 10.0 |" in card and "| optimizer steps | 4 |" in card  # checkpoint-4's log
     (output_dir / RESULTS_FILE).unlink()
     with pytest.raises(FileNotFoundError, match="training_args.bin"):
