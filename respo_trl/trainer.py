@@ -25,7 +25,9 @@ from trl.trainer.utils import shuffle_sequence_dict, split_pixel_values_by_grid,
 from .buffer import VERSION_KEY, RolloutBuffer
 from .config import ReSPOConfig
 from .diagnostics import COLUMNS, sequence_stats, summarize
+from .hub import hub_failure
 from .kernels import LOG_RATIO_CLAMP, LossParams, kish_ess, registered_loss_for, respo_phi, sequence_log_weights
+from .model_card import write_trainer_card
 
 logger = get_logger(__name__)
 
@@ -295,3 +297,19 @@ class ReSPOTrainer(GRPOTrainer):
         extra = self.rollouts.load(checkpoint, self.accelerator.process_index, device=self.accelerator.device)
         self._step = extra["step"]
         self._tokens_at_step_start = extra["tokens_at_step_start"]
+
+    # -- model card and Hub (logic in respo_trl/model_card.py and respo_trl/hub.py) -------------------------------------
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """Write ReSPO's card (method, kernel, reuse, versions, eval table, curves) to ``output_dir/README.md``."""
+        if self.is_world_process_zero():
+            write_trainer_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags)
+
+    def init_hf_repo(self, token=None, private=None):
+        with hub_failure(self, "create the Hub repository"):
+            super().init_hf_repo(token=token, private=private)
+
+    def push_to_hub(self, *args, **kwargs):
+        """transformers' push; if the Hub is unusable, a ``HubPushError`` that says why, with the model saved locally."""
+        with hub_failure(self, "push to the Hub repository", save_if_unsaved=True):
+            return super().push_to_hub(*args, **kwargs)

@@ -1,0 +1,186 @@
+"""Pushing through transformers' own ``push_to_hub`` with the Hub unusable: offline mode, an endpoint that refuses
+connections, a server that rejects the token. Each must fail fast with a clear ``HubPushError`` and leave a complete,
+loadable checkpoint in output_dir. The "Hub" here is at most a stub HTTP server on 127.0.0.1; nothing leaves the
+machine, and an alarm fails a test that would hang."""
+
+import hashlib
+import json
+import signal
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+
+class Hung(Exception):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def no_hang():
+    def fail(signum, frame):
+        raise Hung("a Hub call hung")
+
+    previous = signal.signal(signal.SIGALRM, fail)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture
+def hub_endpoint(monkeypatch):
+    """Point huggingface_hub (and transformers' shared HfApi) at ``url``, online mode."""
+    import transformers.utils.hub
+    from huggingface_hub import constants
+
+    def use(url):
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(constants, "ENDPOINT", url)
+        monkeypatch.setattr(transformers.utils.hub, "_hf_api", None)
+
+    yield use
+
+
+def closed_port_url():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"  # nothing listens: connections are refused at once
+
+
+@pytest.fixture
+def stub_hub():
+    """A local HTTP server that plays a Hub: ``create_status`` for repo creation, 403 for every upload call."""
+    calls = []
+
+    class Handler(BaseHTTPRequestHandler):
+        create_status = 401
+
+        def reply(self, status, body):
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            calls.append(self.path)
+            if self.path == "/api/repos/create":
+                if Handler.create_status == 200:
+                    self.reply(
+                        200,
+                        {"url": f"http://127.0.0.1:{self.server.server_port}/me/tiny-respo", "name": "me/tiny-respo"},
+                    )
+                else:
+                    self.reply(401, {"error": "Invalid credentials in Authorization header"})
+            else:
+                self.reply(403, {"error": 'You don\'t have the rights to create a model under the namespace "me"'})
+
+        do_GET = do_PUT = do_POST
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}", Handler, calls
+    server.shutdown()
+    server.server_close()
+
+
+def digest(folder: Path) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def assert_loadable(output_dir: Path):
+    from transformers import AutoModelForCausalLM
+
+    assert (output_dir / "model.safetensors").is_file() and (output_dir / "README.md").is_file()
+    AutoModelForCausalLM.from_pretrained(output_dir)
+
+
+def test_push_offline_fails_clearly_and_saves_the_model(make_trainer, tmp_path):
+    from respo_trl.hub import HubPushError
+
+    trainer = make_trainer(max_steps=1, hub_model_id="me/tiny-respo", hub_token="hf_invalid")
+    trainer.train()
+    output_dir = tmp_path / "out"
+    assert not (output_dir / "model.safetensors").exists()  # nothing saved yet: only the push would save it
+    with pytest.raises(HubPushError) as error:
+        trainer.push_to_hub()
+    message = str(error.value)
+    assert "offline mode" in message and "HF_HUB_OFFLINE" in message and "'me/tiny-respo'" in message
+    assert f"local copy is intact in {output_dir}" in message and "hf upload me/tiny-respo" in message
+    assert_loadable(output_dir)  # transformers' push fails before saving; the failure path saved it
+
+
+def test_push_to_unreachable_endpoint_leaves_checkpoint_intact(make_trainer, tmp_path, hub_endpoint):
+    from respo_trl.hub import HubPushError
+
+    trainer = make_trainer(max_steps=1, hub_model_id="me/tiny-respo", hub_token="hf_invalid")
+    trainer.train()
+    trainer.save_model()
+    output_dir = tmp_path / "out"
+    before = digest(output_dir)
+    url = closed_port_url()
+    hub_endpoint(url)
+    with pytest.raises(HubPushError) as error:
+        trainer.push_to_hub()
+    assert f"could not reach the Hub at {url}" in str(error.value) and "local copy is intact" in str(error.value)
+    after = digest(output_dir)
+    assert all(after[name] == sha for name, sha in before.items()), "a saved file changed"  # (the card may be added)
+    assert_loadable(output_dir)
+
+
+def test_bad_token_is_named_and_upload_refusal_keeps_local_files(make_trainer, tmp_path, hub_endpoint, stub_hub):
+    from respo_trl.hub import HubPushError
+
+    url, handler, calls = stub_hub
+    hub_endpoint(url)
+    trainer = make_trainer(max_steps=1, hub_model_id="me/tiny-respo", hub_token="hf_invalid")
+    trainer.train()
+    with pytest.raises(HubPushError) as error:
+        trainer.push_to_hub()
+    assert "rejected the token (HTTP 401)" in str(error.value) and "hf auth login" in str(error.value)
+    assert calls[0] == "/api/repos/create" and not any("preupload" in c or "commit" in c for c in calls)
+    assert_loadable(tmp_path / "out")
+
+    # Repository creation accepted, upload refused (a read-only token): the model was saved first by transformers.
+    handler.create_status = 200
+    calls.clear()
+    with pytest.raises(HubPushError) as error:
+        trainer.push_to_hub()
+    assert "rejected the token (HTTP 403)" in str(error.value)
+    assert calls[0] == "/api/repos/create" and len(calls) > 1  # created, then the upload was refused
+    assert_loadable(tmp_path / "out")
+
+
+def test_push_to_hub_at_construction_fails_clearly(make_trainer, hub_endpoint):
+    from respo_trl.hub import HubPushError
+
+    url = closed_port_url()
+    hub_endpoint(url)
+    with pytest.raises(HubPushError, match="Could not create the Hub repository 'me/tiny-respo'.*could not reach"):
+        make_trainer(max_steps=1, push_to_hub=True, hub_model_id="me/tiny-respo", hub_token="hf_invalid")
+
+
+def test_local_errors_are_not_reported_as_hub_errors(make_trainer, monkeypatch):
+    """A disk problem while saving must surface as itself, not as a network failure."""
+    from respo_trl.hub import HubPushError
+
+    trainer = make_trainer(max_steps=1, hub_model_id="me/tiny-respo")
+    trainer.hub_model_id = "me/tiny-respo"  # repository already created: transformers saves before uploading
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(trainer, "save_model", disk_full)
+    with pytest.raises(OSError, match="No space left") as error:
+        trainer.push_to_hub()
+    assert not isinstance(error.value, HubPushError)

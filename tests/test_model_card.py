@@ -1,0 +1,219 @@
+"""ReSPO model cards: written on checkpoint save, metadata that huggingface_hub parses back, the method and kernel
+parameters, measured training numbers and curves, and an evaluation table only for the weights it measured."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from huggingface_hub import EvalResult, ModelCard
+
+from respo_trl.model_card import RESULTS_FILE, card_from_output_dir, main, weights_fingerprint
+
+
+def section(card: str, title: str) -> str:
+    return card.split(f"## {title}")[1].split("\n## ")[0]
+
+
+def report_for(output_dir, dataset="HuggingFaceH4/MATH-500", avg=0.375, fingerprint=None):
+    """An eval_math.json as recipes/eval_math.py writes it (the end-to-end test checks the real writer)."""
+    return {
+        "model": str(output_dir),
+        "weights_sha256": fingerprint if fingerprint is not None else weights_fingerprint(output_dir),
+        "backend": "transformers",
+        "generation": {"n": 4, "temperature": 0.6, "top_p": 0.95, "max_new_tokens": 64},
+        "results": [
+            {
+                "benchmark": "math500",
+                "dataset": dataset,
+                "config": None,
+                "split": "test",
+                "problems": 6,
+                "n": 4,
+                "avg_at_n": avg,
+                "avg_at_n_stderr": 0.1,
+                "pass_at_k": {"1": avg, "2": 0.5, "4": 0.8},
+                "maj_at_n": 0.5,
+                "skipped": [],
+            }
+        ],
+        "command": f"python recipes/eval_math.py --model {output_dir} --n 4",
+        "date": "2026-11-29",
+    }
+
+
+@pytest.fixture(scope="module")
+def trained(tokenizer, toy_dataset, tmp_path_factory):
+    """One short ReSPO run with reuse and checkpoint saves (TRL writes the card on each save), then save_model."""
+    from conftest import CPU_ARGS, crc_reward
+
+    from respo_trl import ReSPOConfig, ReSPOTrainer
+    from respo_trl.tiny import tiny_qwen3
+
+    output_dir = tmp_path_factory.mktemp("card") / "tiny-respo"
+    args = ReSPOConfig(
+        output_dir=str(output_dir),
+        **{
+            **CPU_ARGS,
+            "max_steps": 4,
+            "respo_reuse": 2,
+            "save_strategy": "steps",
+            "save_steps": 2,
+            "respo_norm": "ess",
+        },
+    )
+    trainer = ReSPOTrainer(
+        model=tiny_qwen3(tokenizer),
+        reward_funcs=crc_reward,
+        args=args,
+        train_dataset=toy_dataset,
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    card_after_training = (output_dir / "README.md").read_text()  # written by the last checkpoint save
+    trainer.save_model()
+    return trainer, output_dir, card_after_training
+
+
+def test_card_written_on_checkpoint_save(trained):
+    trainer, _output_dir, card = trained
+    data = ModelCard(card).data
+    assert {"respo", "trl", "rlvr", "reinforcement-learning"} <= set(data.tags)
+    assert data.library_name == "transformers" and data.pipeline_tag == "text-generation"
+    assert data.model_name == "tiny-respo"
+    assert data.base_model is None  # a locally built model has no Hub base model; none is invented
+    assert "trained with ReSPO" in card
+    # Method, kernel parameters, reuse factor, norm.
+    args = trainer.args
+    for name in ("respo_alpha_pos", "respo_lambda_pos", "respo_alpha_neg", "respo_lambda_neg", "respo_rho_min"):
+        assert f"| `{name}` | {getattr(args, name)} |" in card
+    assert "| `respo_norm` | ess |" in card and "| `loss_type` | respo |" in card and "| `respo_reuse` | 2 |" in card
+    assert "used for 2 optimizer passes" in card
+    # Library versions.
+    from importlib.metadata import version
+
+    for name in ("trl", "transformers", "torch", "math-verify"):
+        assert f"- {name}: {version(name)}" in card
+    # Citations: ReSPO (no invented authors) and TRL.
+    respo_bib = card.split("Cite ReSPO as:")[1].split("Cite TRL as:")[0]
+    assert "2609.35433" in respo_bib and "Gradient Starvation in Off-Policy Learning" in respo_bib
+    assert "author" not in respo_bib
+    assert "vonwerra2020trl" in card
+    # No evaluation yet: the card says so and shows no table.
+    assert "No evaluation has been recorded" in section(card, "Evaluation") and "avg@" not in section(
+        card, "Evaluation"
+    )
+
+
+def test_training_numbers_and_curves_come_from_the_log(trained):
+    trainer, output_dir, card = trained
+    log = trainer.state.log_history
+    sampled = [h for h in log if h.get("reward") is not None]
+    assert len(sampled) == 2  # R=2: rewards exist on the two sampling steps
+    assert f"| reward, first sampling step | {sampled[0]['reward']:.4g} |" in card
+    tokens = max(h["reuse/generated_tokens"] for h in log if "reuse/generated_tokens" in h)
+    assert f"| generated completion tokens (sampling compute) | {int(tokens):,} |" in card
+    assert "| optimizer steps | 4 |" in card
+    png = output_dir / "training_curves.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "](training_curves.png)" in card
+
+
+def test_eval_table_and_model_index_only_for_the_weights_evaluated(trained):
+    trainer, output_dir, _ = trained
+    (output_dir / RESULTS_FILE).write_text(json.dumps(report_for(output_dir)))
+    trainer.create_model_card(dataset_name="openai/gsm8k")
+    card = (output_dir / "README.md").read_text()
+    evaluation = section(card, "Evaluation")
+    assert "| math500 | 6 | 4 | 37.5 ± 10.0 | 50.0 | 80.0 | 50.0 |" in evaluation
+    assert "python recipes/eval_math.py --model" in evaluation and "2026-11-29" in evaluation
+    data = ModelCard(card).data
+    assert data.datasets == ["openai/gsm8k"]
+    assert data.eval_results == [
+        EvalResult(
+            task_type="text-generation",
+            task_name="Mathematical reasoning",
+            dataset_type="HuggingFaceH4/MATH-500",
+            dataset_name="math500",
+            dataset_split="test",
+            metric_type="accuracy",
+            metric_name="avg@4",
+            metric_value=37.5,
+        ),
+        EvalResult(
+            task_type="text-generation",
+            task_name="Mathematical reasoning",
+            dataset_type="HuggingFaceH4/MATH-500",
+            dataset_name="math500",
+            dataset_split="test",
+            metric_type="accuracy",
+            metric_name="maj@4",
+            metric_value=50.0,
+        ),
+    ]
+    # The dataset is remembered for the cards written later (checkpoint saves pass no dataset).
+    trainer.create_model_card()
+    assert ModelCard.load(output_dir / "README.md").data.datasets == ["openai/gsm8k"]
+
+    # Results measured on other weights are not shown.
+    (output_dir / RESULTS_FILE).write_text(json.dumps(report_for(output_dir, fingerprint="0" * 64)))
+    trainer.create_model_card()
+    card = (output_dir / "README.md").read_text()
+    assert "measured on other weights" in section(card, "Evaluation") and "37.5" not in card
+    assert ModelCard(card).data.eval_results is None
+
+    # A local benchmark file gets the table but no model-index entry (model-index needs a Hub dataset id).
+    (output_dir / RESULTS_FILE).write_text(json.dumps(report_for(output_dir, dataset=str(output_dir / "x.jsonl"))))
+    trainer.create_model_card()
+    card = (output_dir / "README.md").read_text()
+    assert "| math500 | 6 |" in card and ModelCard(card).data.eval_results is None
+    (output_dir / RESULTS_FILE).unlink()
+
+
+def test_cli_rebuilds_the_card_from_an_output_dir(trained, tmp_path):
+    _trainer, output_dir, _ = trained
+    (output_dir / RESULTS_FILE).write_text(json.dumps(report_for(output_dir, avg=0.25)))
+    out = tmp_path / "card.md"
+    main([str(output_dir), "--base_model", "Qwen/Qwen3-0.6B", "--hub_model_id", "me/tiny-respo", "--out", str(out)])
+    card = out.read_text()
+    data = ModelCard(card).data
+    assert data.base_model == "Qwen/Qwen3-0.6B" and data.datasets == ["openai/gsm8k"]  # kept from the old card
+    assert 'from_pretrained("me/tiny-respo"' in card and "| `respo_norm` | ess |" in card
+    assert (
+        "](card.png)" in card
+        and (tmp_path / "card.png").read_bytes() == (output_dir / "training_curves.png").read_bytes()
+    )
+    assert "| math500 | 6 | 4 | 25.0 ± 10.0 |" in card and "| optimizer steps | 4 |" in card  # checkpoint-4's log
+    (output_dir / RESULTS_FILE).unlink()
+    with pytest.raises(FileNotFoundError, match="training_args.bin"):
+        card_from_output_dir(tmp_path)
+
+
+def test_baseline_card_names_the_trl_loss(make_trainer, tmp_path):
+    trainer = make_trainer(loss_type="dapo", max_steps=1)
+    trainer.create_model_card(model_name="tiny-dapo", tags=["baseline"])
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "running TRL's `dapo` loss" in card and "| `epsilon` | 0.2 |" in card
+    assert "respo_alpha_pos" not in card and "baseline" in ModelCard(card).data.tags
+    assert not (tmp_path / "out" / "training_curves.png").exists()  # nothing measured yet, nothing plotted
+    assert "### Training run" not in card
+
+
+def test_weights_fingerprint_tracks_contents(tmp_path):
+    assert weights_fingerprint(tmp_path) is None
+    (tmp_path / "model.safetensors").write_bytes(b"abc")
+    (tmp_path / "training_args.bin").write_bytes(b"ignored")
+    first = weights_fingerprint(tmp_path)
+    assert re.fullmatch(r"[0-9a-f]{64}", first)
+    (tmp_path / "training_args.bin").write_bytes(b"changed")
+    assert weights_fingerprint(tmp_path) == first
+    (tmp_path / "model.safetensors").write_bytes(b"abd")
+    assert weights_fingerprint(tmp_path) != first
+
+
+def test_template_is_package_data():
+    from importlib.resources import files
+
+    template = files("respo_trl").joinpath("templates/model_card.md").read_text()
+    assert "{{ card_data }}" in template
+    link = Path(__file__).resolve().parents[1] / "model_cards" / "template.md"
+    assert link.read_text() == template  # model_cards/ shows the very template the trainer uses
