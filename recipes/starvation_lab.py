@@ -20,43 +20,47 @@ like TRL's ``dapo`` (token sum over the batch's token count).
 
 The simulated setting (explicit, so you can judge how far it transfers)
 -----------------------------------------------------------------------
-* ``P = 32`` prompts, ``G = 16`` completions per prompt (GRPO groups). Prompt ``p`` has a completion length ``L_p``
+* ``P = 32`` prompts, ``G = 12`` completions per prompt (GRPO groups). Prompt ``p`` has a completion length ``L_p``
   drawn log-uniformly in [32, 256] tokens: long enough that a sequence's product weight ``exp(l)`` collapses or
   explodes from small per-token drift, and varied enough that length normalisation matters.
 * Tokens are drawn position by position (independently given the prompt) from
   ``pi(. | p, t) = softmax(beta * Z0[p, t] + U[p, t])`` over ``V = 8`` tokens. ``Z0`` is a fixed random "pretrained"
-  prior; ``U`` are trainable per-position logits; ``beta = exp(b)`` is one trainable scalar shared by every prompt and
-  position: the policy's global confidence (sharpness), the one channel through which learning on one prompt moves
-  every other prompt, as an LLM's entropy does.
-* Reward (verifiable, 0/1): prompt ``p`` has ``K_p = max(4, L_p // 16)`` key positions (the decisive reasoning
-  steps) with an answer token each; a completion is correct iff at least 60% of its key tokens are the answers. Half
-  the prompts are *routine* (the answer is the prior's most likely token) and half are *hard* (the answer is the
-  runner-up): hard prompts start at ~0.1-5% accuracy, so their correct completions are rare, "novel" ones, and the
-  global sharpening that helps routine prompts pushes exactly those completions into the low-weight tail. Most tokens
-  of every completion are filler that only adds drift to its importance weight.
+  prior (std 2); ``U`` are trainable per-position logits; ``beta = exp(b)`` is one trainable scalar shared by every
+  prompt and position: the policy's global sharpness, the channel through which learning on one prompt moves every
+  other prompt, as an LLM's entropy does.
+* Reward (verifiable, 0/1): prompt ``p`` has ``K_p = max(4, L_p // 16)`` key positions (the decisive steps) with an
+  answer token each; a completion is correct iff at least 60% of its key tokens are the answers. Half the prompts are
+  *routine* (the answer is the prior's most likely token; ~10-90% initial accuracy), half are *hard* (the answer is
+  the runner-up; ~0.01-10%, median ~1.5%): correct completions of hard prompts are rare, "novel" ones, and sharpening
+  the policy (which helps routine prompts) pushes them into the low-weight tail. Most tokens of every completion are
+  filler that only adds drift to its importance weight. Whether positives actually end up in the low- or the
+  high-weight tail is measured, not assumed (``log_weight_pos``/``log_weight_neg`` in the JSON).
 * Advantages are TRL's group-normalised ones, ``(r - mean_G) / (std_G + 1e-4)`` (groups without signal give 0).
 * Reuse: each generation batch is used for ``R`` optimizer steps on the full batch (``R = 1`` is exactly on-policy),
-  Adam (lr 0.1) with gradient-norm clipping at 1 as in TRL. Budget: 32 generation batches for every ``R``, so larger
-  ``R`` means more optimizer steps per generated token (the sampling compute reuse is meant to save). "Early" metrics
+  Adam with gradient-norm clipping at 1 as in TRL. Budget: 24 generation batches for every ``R``, so larger ``R``
+  means more optimizer steps per generated token (the sampling compute reuse is meant to save). "Early" metrics
   average every optimizer step of the first quarter of the batches.
-* Instability of plain importance sampling: at every ``R > 1``, the exact sequence weight ``exp(l)`` of the longest
-  completions reaches the clamp ``e^20`` (gradient throughput of order 1e6), so sequence IS ("just remove the clip")
-  is visibly not an answer; token-level IS stays bounded here because the per-token ratios stay moderate.
+* Two regimes. ``moderate`` (Adam lr 0.1: each logit moves at most ~0.1 per step) and ``stress`` (lr 1.0): the
+  off-policy drift of aggressive reuse, where plain token-level importance sampling (PPO without the clip) collapses
+  at ``R = 8`` and exact sequence IS has weights at the ``e^20`` clamp (gradient throughput ~1e7) in both regimes:
+  "just remove the clip" is visibly not an answer.
 
-What the lab cannot tell you: it has no attention/context, no shared representation beyond ``beta``, and no real
-language. It shows the mechanism and how each kernel reacts to it; the LLM evidence is the reuse benchmark.
+What the lab cannot tell you: it has no context/attention, no shared representation beyond ``beta``, no language. It
+shows the mechanism and how each kernel reacts to it; the LLM evidence is the reuse benchmark (``docs/benchmarks.md``).
 
 How to run
 ----------
-    PYTHONPATH=. python recipes/starvation_lab.py --out docs/benchmarks/starvation_lab       # ~1-2 min on 2 cores
+    PYTHONPATH=. python recipes/starvation_lab.py --out docs/benchmarks/starvation_lab       # ~1 min on 2 cores
     PYTHONPATH=. python recipes/starvation_lab.py --quick --out /tmp/lab                      # seconds (smoke size)
     PYTHONPATH=. python recipes/starvation_lab.py --kernels ppo_clip respo --params respo_norm=mean --out /tmp/abl
+    PYTHONPATH=. python recipes/starvation_lab.py --lr 0.3 --reuse 4 --out /tmp/lr03          # one custom regime
 
-``--out DIR`` writes ``DIR/starvation_lab.json`` (config; per kernel and R: final reward, early
+``--out DIR`` writes ``DIR/starvation_lab.json`` (config; per regime, kernel and R: final reward, early
 ``grad_throughput_pos``/``grad_throughput_neg``/``starved_frac_pos`` as mean, std and per-seed values; reward curves;
-a summary that says where ReSPO wins and where it does not) and the figures ``reward_curves.png``, ``throughput.png``
-and ``phi_by_sign.png``. ``--params`` overrides :class:`respo_trl.kernels.LossParams` fields for every kernel (e.g. the
-ReSPO normalisation or ``(alpha, lambda)``): ablations reuse the lab through it or through :func:`run_lab`.
+a summary per regime that says where ReSPO wins and where it does not) and the figures ``reward_curves.png``,
+``throughput.png`` and ``phi_by_sign.png``. ``--params`` overrides :class:`respo_trl.kernels.LossParams` fields for
+every kernel (e.g. the ReSPO normalisation or ``(alpha, lambda)``): ablations reuse the lab through it or through
+:func:`run_lab` with their own ``kernels`` dict (label -> (registry name, overrides)).
 """
 
 from __future__ import annotations
@@ -75,10 +79,10 @@ import torch
 from respo_trl.diagnostics import sequence_stats, summarize
 from respo_trl.kernels import LossParams, get_policy_loss, gradient_coefficients
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # The kernels compared: label -> (registry name, LossParams overrides). Each method at its recommended parameters
 # (TRL docs / the papers); ReSPO at the package defaults.
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 
 KERNELS: dict[str, tuple[str, dict]] = {
     "ppo_clip": ("ppo", {}),  # TRL dapo/grpo: token clip, epsilon 0.2
@@ -89,6 +93,14 @@ KERNELS: dict[str, tuple[str, dict]] = {
     "is_token": ("is", {}),  # PPO with the clip removed
     "is_seq": ("is_seq", {}),  # exact sequence importance sampling
     "respo": ("respo", {}),  # package defaults: (0.5, 0.5) / (2, 2), sqrt normalisation
+}
+
+STYLES = {  # overlapping curves stay visible: the clipped baseline wide underneath, IS variants dashed/dotted
+    "ppo_clip": dict(lw=4.0, alpha=0.55),
+    "is_token": dict(lw=1.6, ls="--"),
+    "is_seq": dict(lw=1.4, ls=":"),
+    "cispo": dict(lw=1.4, ls="-."),
+    "respo": dict(lw=2.6),
 }
 
 COLORS = {
@@ -106,7 +118,7 @@ COLORS = {
 @dataclass
 class LabConfig:
     prompts: int = 32
-    group: int = 16
+    group: int = 12
     vocab: int = 8
     min_len: int = 32
     max_len: int = 256
@@ -115,8 +127,11 @@ class LabConfig:
     min_keys: int = 4
     need_routine: float = 0.6  # fraction of key hits a correct completion needs
     need_hard: float = 0.6
-    batches: int = 32  # generation batches per run (the sampling budget), the same for every R
-    lr: float = 0.1
+    batches: int = 24  # generation batches per run (the sampling budget), the same for every R
+    lr: float = 0.1  # set per regime
+    # (name, Adam lr): "moderate" moves each logit by <= 0.1 per step; "stress" by <= 1, the regime where the
+    # unclipped token-level importance sampling loss stops working
+    regimes: tuple[tuple[str, float], ...] = (("moderate", 0.1), ("stress", 1.0))
     max_grad_norm: float = 1.0
     reuse: tuple[int, ...] = (1, 2, 4, 8)
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -124,16 +139,17 @@ class LabConfig:
     diag_every: int = 8  # after the early window, diagnostics on the steps of every diag_every-th batch (curves)
 
 
-QUICK = dict(prompts=8, group=8, max_len=64, min_len=16, batches=6, seeds=(0, 1), reuse=(1, 4), diag_every=2)
+QUICK = dict(prompts=8, group=8, max_len=64, min_len=16, batches=6, seeds=(0, 1), reuse=(1, 4), diag_every=2,
+             regimes=(("moderate", 0.1),))
 
 
 def kernel_params(label: str, kernels: dict, base: LossParams) -> LossParams:
     return dataclasses.replace(base, **kernels[label][1])
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # The simulated task and policy; seeds are stacked along a leading dimension S and trained in one pass
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 class Task:
@@ -180,7 +196,8 @@ class Task:
                 self.idx[s, p, : L[p]] = offsets[p] + torch.arange(int(L[p]))
         self.lengths = torch.stack([x[0] for x in per_seed])
         self.hard = torch.stack([x[3] for x in per_seed])
-        self.key_idx, self.key_tok, self.key_valid, self.need = (torch.stack([x[i] for x in per_seed]) for i in range(4, 8))
+        stacked = [torch.stack([x[i] for x in per_seed]) for i in range(4, 8)]
+        self.key_idx, self.key_tok, self.key_valid, self.need = stacked
         self.mask = (torch.arange(T) < self.lengths.unsqueeze(-1)).float()
 
     def log_probs(self, log_beta: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -223,9 +240,9 @@ def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return (rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, keepdim=True) + 1e-4)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # One training run: one kernel at one reuse R, every seed at once
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 
 DIAG_KEYS = ("pos", "neg", "clip_pos", "starved_pos", "starved_neg", "log_weight_pos", "log_weight_neg")
 
@@ -307,9 +324,11 @@ def train(task: Task, cfg: LabConfig, name: str, params: LossParams, reuse: int)
 def _diagnostics(log_ratio, adv, mask, params, name, slices) -> list[dict]:
     """The trainer's starvation metrics (one dict per seed) from :mod:`respo_trl.diagnostics`."""
     S, B, T = log_ratio.shape
-    table = torch.cat(
-        [sequence_stats(log_ratio[sl].flatten(0, 1), adv[sl].flatten(), mask[sl].flatten(0, 1), params, name) for sl in slices]
-    ).view(S, B, -1)
+    tables = [
+        sequence_stats(log_ratio[sl].flatten(0, 1), adv[sl].flatten(), mask[sl].flatten(0, 1), params, name)
+        for sl in slices
+    ]
+    table = torch.cat(tables).view(S, B, -1)
     rows = []
     for s in range(S):
         m = summarize(table[s])
@@ -338,9 +357,15 @@ def _stats(per_seed: list[float]) -> dict:
     return {"mean": mean, "std": std, "per_seed": per_seed}
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # The coefficient curves phi(w) by sign, read off the registry
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+# w from 1e-4 to 20 on a log grid that contains w = 1 exactly
+PHI_GRID = torch.cat(
+    [torch.logspace(-4, 0, 97, dtype=torch.float64), torch.logspace(0, math.log10(20.0), 33, dtype=torch.float64)[1:]]
+)
 
 
 def coefficient_curves(kernels: dict, base: LossParams, w: torch.Tensor) -> dict:
@@ -361,18 +386,46 @@ def coefficient_curves(kernels: dict, base: LossParams, w: torch.Tensor) -> dict
     return curves
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # The lab: every kernel at every R, summary, JSON and figures
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 def run_lab(cfg: LabConfig, kernels: dict | None = None, base: LossParams = LossParams(), log=print) -> dict:
-    """Run every kernel at every ``R`` of ``cfg`` and return the JSON-ready result (see the module docstring)."""
+    """Run every kernel at every ``R`` in every regime of ``cfg``; returns the JSON-ready result (module docstring)."""
     kernels = dict(KERNELS if kernels is None else kernels)
     task = Task(cfg, cfg.seeds)
-    tokens_per_batch = (task.lengths.sum(-1).float() * cfg.group).mean().item()
-    results: dict = {}
     start = time.perf_counter()
+    regimes = {}
+    for regime, lr in cfg.regimes:
+        log(f"-- regime {regime!r}: Adam lr {lr}")
+        results = run_regime(task, dataclasses.replace(cfg, lr=lr), kernels, base, log, start)
+        regimes[regime] = {"lr": lr, "results": results, "summary": summarize_lab(results, cfg)}
+    return {
+        "config": {**dataclasses.asdict(cfg), "loss_params": dataclasses.asdict(base)},
+        "kernels": {label: {"registry": name, "overrides": o} for label, (name, o) in kernels.items()},
+        "task": {
+            "lengths": task.lengths.tolist(),
+            "hard": task.hard.tolist(),
+            "tokens_per_batch": _tokens_per_batch(task, cfg),
+        },
+        "regimes": regimes,
+        "phi": {"w": PHI_GRID.tolist(), "curves": coefficient_curves(kernels, base, PHI_GRID)},
+        "runtime_s": time.perf_counter() - start,
+        "machine": {"platform": platform.platform(), "processor": _cpu_name(), "torch": torch.__version__,
+                    "threads": torch.get_num_threads()},
+    }
+
+
+def _tokens_per_batch(task: Task, cfg: LabConfig) -> float:
+    return (task.lengths.sum(-1).float() * cfg.group).mean().item()
+
+
+def run_regime(task: Task, cfg: LabConfig, kernels: dict, base: LossParams, log=print, start: float = 0.0) -> dict:
+    """``{label: {"R=r": metrics}}`` for every kernel and reuse at ``cfg.lr``."""
+    tokens_per_batch = _tokens_per_batch(task, cfg)
+    start = start or time.perf_counter()
+    results: dict = {}
     for label, (name, _) in kernels.items():
         params = kernel_params(label, kernels, base)
         results[label] = {}
@@ -380,9 +433,9 @@ def run_lab(cfg: LabConfig, kernels: dict | None = None, base: LossParams = Loss
             t0 = time.perf_counter()
             run = train(task, cfg, name, params, reuse)
             early = run["early"]
-            final = [curve[-1] for curve in run["reward"]]
-            results[label][f"R={reuse}"] = {
-                "final_reward": _stats(final),
+            results[label][f"R={reuse}"] = r = {
+                "final_reward": _stats([curve[-1] for curve in run["reward"]]),
+                "reward_at_quarter": _stats([curve[round(cfg.batches / 4)] for curve in run["reward"]]),
                 "final_reward_hard": _stats([curve[-1] for curve in run["reward_hard"]]),
                 "final_beta": _stats([curve[-1] for curve in run["beta"]]),
                 "grad_throughput_pos": _stats(early["pos"]),
@@ -403,29 +456,13 @@ def run_lab(cfg: LabConfig, kernels: dict | None = None, base: LossParams = Loss
                     "grad_throughput_neg": run["diag"]["neg"],
                 },
             }
-            r = results[label][f"R={reuse}"]
             log(
                 f"[{time.perf_counter() - start:6.1f}s] {label:9s} R={reuse}  final reward "
                 f"{r['final_reward']['mean']:.3f} +- {r['final_reward']['std']:.3f}  early throughput "
                 f"pos {r['grad_throughput_pos']['mean']:.3g} neg {r['grad_throughput_neg']['mean']:.3g}  "
                 f"starved_pos {r['starved_frac_pos']['mean']:.2f}  ({time.perf_counter() - t0:.1f}s)"
             )
-    w = torch.logspace(-4, math.log10(20.0), 121)
-    return {
-        "config": {**dataclasses.asdict(cfg), "loss_params": dataclasses.asdict(base)},
-        "kernels": {label: {"registry": name, "overrides": o} for label, (name, o) in kernels.items()},
-        "task": {
-            "lengths": task.lengths.tolist(),
-            "initial_reward": results[next(iter(results))][f"R={cfg.reuse[0]}"]["curves"]["reward"],
-            "tokens_per_batch": tokens_per_batch,
-        },
-        "results": results,
-        "summary": summarize_lab(results, cfg),
-        "phi": {"w": w.tolist(), "curves": coefficient_curves(kernels, base, w)},
-        "runtime_s": time.perf_counter() - start,
-        "machine": {"platform": platform.platform(), "processor": _cpu_name(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads()},
-    }
+    return results
 
 
 def summarize_lab(results: dict, cfg: LabConfig) -> dict:
@@ -442,11 +479,15 @@ def summarize_lab(results: dict, cfg: LabConfig) -> dict:
         entry = {
             "final_reward": finals,
             "best_kernel": best,
-            "respo_rank": 1 + sum(v > finals["respo"] + 1e-6 for v in finals.values()),
+            "respo_rank": 1 + sum(v > finals["respo"] + 1e-3 for v in finals.values()),
         }
+        quarter = {label: res[key]["reward_at_quarter"]["mean"] for label, res in results.items()}
+        entry["reward_at_quarter"] = quarter
+        entry["best_kernel_at_quarter"] = max(quarter, key=quarter.get)
         if "ppo_clip" in results:
             ppo = results["ppo_clip"][key]
             entry["respo_minus_ppo_clip_points"] = 100 * (respo["final_reward"]["mean"] - ppo["final_reward"]["mean"])
+            entry["respo_minus_ppo_clip_points_at_quarter"] = 100 * (quarter["respo"] - quarter["ppo_clip"])
             entry["pos_throughput_ratio_respo_over_ppo_clip"] = (
                 respo["grad_throughput_pos"]["mean"] / ppo["grad_throughput_pos"]["mean"]
             )
@@ -459,14 +500,16 @@ def summarize_lab(results: dict, cfg: LabConfig) -> dict:
             }
         summary["per_R"][key] = entry
         gap = entry.get("respo_minus_ppo_clip_points")
-        if finals[best] - finals["respo"] < 1e-6:
-            verdict = "ties for best" if sum(finals[best] - v < 1e-6 for v in finals.values()) > 1 else "is best"
+        if finals[best] - finals["respo"] < 1e-3:
+            verdict = "ties for best" if sum(finals[best] - v < 1e-3 for v in finals.values()) > 1 else "is best"
         else:
             verdict = f"is not best (best: {best} {finals[best]:.3f})"
         text = f"{key}: ReSPO final reward {finals['respo']:.3f}, {verdict}"
         if gap is not None:
             text += (
-                f"; ReSPO - clipped PPO = {gap:+.1f} points; early positive throughput ReSPO/clipped = "
+                f"; ReSPO - clipped PPO = {gap:+.1f} points at the end, "
+                f"{entry['respo_minus_ppo_clip_points_at_quarter']:+.1f} at a quarter of the budget"
+                f" (best there: {entry['best_kernel_at_quarter']}); early positive throughput ReSPO/clipped = "
                 f"{entry['pos_throughput_ratio_respo_over_ppo_clip']:.2f}x (separate runs), "
                 f"{entry['pos_throughput_ratio_same_batch']:.2f}x (same batch)"
             )
@@ -492,63 +535,70 @@ def _cpu_name() -> str:
     return platform.processor()
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # Figures
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 def plot(result: dict, out_dir: str) -> list[str]:
+    """Write reward_curves.png, throughput.png and phi_by_sign.png into ``out_dir``; returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     paths = []
-    results, cfg = result["results"], result["config"]
-    labels = list(results)
+    cfg, regimes = result["config"], result["regimes"]
     reuses = cfg["reuse"]
+    n_seeds = len(cfg["seeds"])
 
-    fig, axes = plt.subplots(1, len(reuses), figsize=(4.2 * len(reuses), 3.6), sharey=True, squeeze=False)
-    for ax, reuse in zip(axes[0], reuses):
-        for label in labels:
-            c = results[label][f"R={reuse}"]["curves"]
-            x = torch.tensor(c["generated_tokens"], dtype=torch.float) / 1e6
-            y = torch.tensor(c["reward"])
-            mean, std = y.mean(0), (y.std(0) if len(y) > 1 else torch.zeros(y.shape[1]))
-            ax.plot(x, mean, color=COLORS.get(label), label=label, lw=2.2 if label == "respo" else 1.2)
-            ax.fill_between(x, mean - std, mean + std, color=COLORS.get(label), alpha=0.12)
-        ax.set_title(f"R = {reuse} optimizer steps per batch")
+    fig, axes = plt.subplots(len(regimes), len(reuses), figsize=(4.2 * len(reuses), 3.4 * len(regimes)),
+                             sharey=True, squeeze=False)
+    for row, (regime, res) in zip(axes, regimes.items()):
+        for ax, reuse in zip(row, reuses):
+            for label, by_r in res["results"].items():
+                c = by_r[f"R={reuse}"]["curves"]
+                x = torch.tensor(c["generated_tokens"], dtype=torch.float) / 1e6
+                y = torch.tensor(c["reward"])
+                mean, std = y.mean(0), (y.std(0) if len(y) > 1 else torch.zeros(y.shape[1]))
+                ax.plot(x, mean, color=COLORS.get(label), label=label, lw=2.4 if label == "respo" else 1.2)
+                ax.fill_between(x, mean - std, mean + std, color=COLORS.get(label), alpha=0.10)
+            ax.set_title(f"{regime} (lr {res['lr']}), R = {reuse}", fontsize=10)
+            ax.grid(alpha=0.3)
+        row[0].set_ylabel("expected reward")
+    for ax in axes[-1]:
         ax.set_xlabel("generated tokens (M)")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("expected reward (mean over prompts)")
     axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"Starvation lab: reward vs sampling compute (mean +- std over {len(cfg['seeds'])} seeds)")
+    fig.suptitle(f"Starvation lab: reward against sampling compute, mean +- std over {n_seeds} seeds")
     fig.tight_layout()
     paths.append(_save(fig, out_dir, "reward_curves.png"))
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    for label in labels:
-        for ax, key in zip(axes, ("grad_throughput_pos", "grad_throughput_neg", "starved_frac_pos")):
-            mean = [results[label][f"R={r}"][key]["mean"] for r in reuses]
-            std = [results[label][f"R={r}"][key]["std"] for r in reuses]
-            ax.errorbar(reuses, mean, yerr=std, marker="o", color=COLORS.get(label), label=label,
-                        lw=2.2 if label == "respo" else 1.2, capsize=3)
-    for ax, title in zip(axes, ("early grad_throughput/pos (A > 0)", "early grad_throughput/neg (A < 0)",
-                                "early starved_frac/pos")):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(reuses, [str(r) for r in reuses])
-        ax.set_xlabel("reuse R")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-    for ax in axes[:2]:
-        ax.set_yscale("log")
-        ax.axhline(1.0, color="k", lw=0.6, ls=":")
-    axes[2].legend(fontsize=7)
-    fig.suptitle("Gradient throughput by advantage sign, first quarter of training (1 = on-policy)")
+    keys = ("grad_throughput_pos", "grad_throughput_neg", "starved_frac_pos")
+    titles = ("early grad_throughput/pos (A > 0)", "early grad_throughput/neg (A < 0)", "early starved_frac/pos")
+    fig, axes = plt.subplots(len(regimes), 3, figsize=(14, 3.6 * len(regimes)), squeeze=False)
+    for row, (regime, res) in zip(axes, regimes.items()):
+        for label, by_r in res["results"].items():
+            for ax, key in zip(row, keys):
+                mean = [by_r[f"R={r}"][key]["mean"] for r in reuses]
+                std = [by_r[f"R={r}"][key]["std"] for r in reuses]
+                ax.errorbar(reuses, mean, yerr=std, marker="o", color=COLORS.get(label), label=label,
+                            lw=2.4 if label == "respo" else 1.2, capsize=3)
+        for ax, title in zip(row, titles):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(reuses, [str(r) for r in reuses])
+            ax.set_title(f"{regime}: {title}", fontsize=10)
+            ax.grid(alpha=0.3)
+        for ax in row[:2]:
+            ax.set_yscale("log")
+            ax.axhline(1.0, color="k", lw=0.6, ls=":")
+    for ax in axes[-1]:
+        ax.set_xlabel("reuse R (optimizer steps per generation batch)")
+    axes[0][2].legend(fontsize=7)
+    fig.suptitle("Gradient throughput by advantage sign over the first quarter of training (1 = on-policy)")
     fig.tight_layout()
     paths.append(_save(fig, out_dir, "throughput.png"))
 
-    paths.append(plot_phi(result["phi"], os.path.join(out_dir, "phi_by_sign.png"), labels))
+    paths.append(plot_phi(result["phi"], os.path.join(out_dir, "phi_by_sign.png")))
     return paths
 
 
@@ -567,7 +617,7 @@ def plot_phi(phi: dict, path: str, labels: list[str] | None = None, title: str |
             ax = axes[row][col]
             for label in labels:
                 y = [max(v, 1e-12) if scale == "log" else v for v in phi["curves"][label][sign]]
-                ax.plot(w, y, color=COLORS.get(label), label=label, lw=2.4 if label == "respo" else 1.3)
+                ax.plot(w, y, color=COLORS.get(label), label=label, **STYLES.get(label, dict(lw=1.3)))
             ax.set_xscale("log")
             ax.axvline(1.0, color="k", lw=0.6, ls=":")
             if scale == "log":
@@ -603,19 +653,21 @@ def write(result: dict, out_dir: str) -> str:
     return path
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # Command line
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 def _parse_params(items: list[str]) -> dict:
-    types = {f.name: f.type for f in dataclasses.fields(LossParams)}
+    """``["respo_norm=mean", "respo_alpha_pos=0.3", "delta=None"]`` -> LossParams overrides, typed by the defaults."""
+    defaults = LossParams()
     out = {}
     for item in items:
         key, _, value = item.partition("=")
-        if key not in types:
-            raise SystemExit(f"unknown LossParams field {key!r}; fields: {sorted(types)}")
-        out[key] = value if "str" in str(types[key]) and not value.replace(".", "").isdigit() else float(value)
+        if not hasattr(defaults, key):
+            raise SystemExit(f"unknown LossParams field {key!r}; fields: {sorted(dataclasses.asdict(defaults))}")
+        default = getattr(defaults, key)
+        out[key] = value if isinstance(default, str) else (None if value == "None" else float(value))
     return out
 
 
@@ -626,8 +678,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--kernels", nargs="+", choices=list(KERNELS), help="subset of kernels (default: all)")
     parser.add_argument("--reuse", nargs="+", type=int, help="reuse values R (default 1 2 4 8)")
     parser.add_argument("--seeds", nargs="+", type=int, help="seeds (default 0 1 2)")
-    parser.add_argument("--lr", type=float, help="Adam learning rate (default 0.1)")
-    parser.add_argument("--batches", type=int, help="generation batches per run (default 32)")
+    parser.add_argument("--lr", type=float, help="one regime at this Adam learning rate (default: 0.1 and 1.0)")
+    parser.add_argument("--batches", type=int, help="generation batches per run (default 24)")
     parser.add_argument("--params", nargs="*", default=[], help="LossParams overrides for every kernel, key=value")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these small ops)")
     parser.add_argument("--no-plots", action="store_true")
@@ -635,7 +687,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     torch.set_num_threads(args.threads)
     cfg = LabConfig(**QUICK) if args.quick else LabConfig()
-    overrides = {k: v for k, v in (("lr", args.lr), ("batches", args.batches)) if v is not None}
+    overrides = {"batches": args.batches} if args.batches else {}
+    if args.lr is not None:
+        overrides["regimes"] = (("custom", args.lr),)
     if args.reuse:
         overrides["reuse"] = tuple(args.reuse)
     if args.seeds:
@@ -646,7 +700,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     print(f"starvation lab: {len(kernels)} kernels x R in {list(cfg.reuse)} x {len(cfg.seeds)} seeds", flush=True)
     result = run_lab(cfg, kernels, base, log=lambda line: print(line, flush=True))
-    print("\n".join(["", "summary:"] + ["  " + s for s in result["summary"]["statements"]]))
+    for regime, res in result["regimes"].items():
+        print(f"\nsummary, regime {regime!r} (lr {res['lr']}):")
+        print("\n".join("  " + line for line in res["summary"]["statements"]))
     if args.out:
         print(f"wrote {write(result, args.out)}")
         if not args.no_plots:
