@@ -15,6 +15,13 @@ from respo_trl.kernels import LossParams
 LAB_PATH = pathlib.Path(__file__).resolve().parents[1] / "recipes" / "starvation_lab.py"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _restore_threads():
+    threads = torch.get_num_threads()  # the scripts pin torch to one thread; leave other tests as they were
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def lab():
     spec = importlib.util.spec_from_file_location("starvation_lab", LAB_PATH)
