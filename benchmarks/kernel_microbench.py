@@ -32,6 +32,9 @@ How to run
     PYTHONPATH=. python benchmarks/kernel_microbench.py --device cuda --out /tmp/kernel_microbench_cuda.json --no-plot
     PYTHONPATH=. python benchmarks/kernel_microbench.py --lengths 1024 --repeats 5    # quick look
 
+Without TRL installed (e.g. the GPU image), pass ``--trl-grpo-source path/to/trl/trainer/grpo_trainer.py`` (TRL
+1.16's file, copied along): ``vespo`` then runs TRL's ``get_gamma_weights`` compiled from that file.
+
 The last line printed is the result as one JSON line (for logs and GPU runs). Default ``--threads 1``: on the shared
 2-core dev machine multi-threaded timings of these memory-bound element-wise ops are dominated by contention with
 other jobs; pass ``--threads 2`` (or 0 for torch's default) to measure that instead.
@@ -83,11 +86,40 @@ def dapo_loss(x: dict) -> torch.Tensor:
     return (per_token_loss * x["mask"]).sum() / x["num_items"].clamp(min=1.0)
 
 
-def vespo_loss(x: dict) -> torch.Tensor:
-    from trl import GRPOTrainer
+_TRL = {"get_gamma_weights": None, "source": None}
 
+
+def load_trl_gamma_weights(source_file: str | None = None):
+    """TRL's ``GRPOTrainer.get_gamma_weights``: imported from TRL, or, where TRL cannot be installed (the GPU image has
+    no TRL), compiled from TRL's own ``grpo_trainer.py`` given as ``source_file`` (only that function: same code)."""
+    if source_file is None:
+        from trl import GRPOTrainer
+
+        _TRL.update(get_gamma_weights=GRPOTrainer.get_gamma_weights, source="trl " + _trl_version())
+        return _TRL["get_gamma_weights"]
+    import ast
+
+    with open(source_file) as f:
+        tree = ast.parse(f.read())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GRPOTrainer")
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "get_gamma_weights")
+    fn.decorator_list = []  # @staticmethod, @torch.no_grad(): re-applied below
+    namespace = {"torch": torch, "math": math}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), source_file, "exec"), namespace)
+    _TRL.update(get_gamma_weights=torch.no_grad()(namespace["get_gamma_weights"]), source=f"source {source_file}")
+    return _TRL["get_gamma_weights"]
+
+
+def _trl_version() -> str:
+    import trl
+
+    return trl.__version__
+
+
+def vespo_loss(x: dict) -> torch.Tensor:
+    get_gamma_weights = _TRL["get_gamma_weights"] or load_trl_gamma_weights()
     log_ratio = x["logp"] - x["old"]
-    phi = GRPOTrainer.get_gamma_weights(
+    phi = get_gamma_weights(
         advantages=x["advantages"],
         log_ratio_per_token=log_ratio,
         mask=x["mask"],
@@ -274,12 +306,6 @@ def machine(args) -> dict:
         info["device_name"] = _cpu_name()
         info["cpus"] = os.cpu_count()
         info["load_average"] = os.getloadavg() if hasattr(os, "getloadavg") else None
-    try:
-        import trl
-
-        info["trl"] = trl.__version__
-    except ImportError:
-        pass
     return info
 
 
@@ -304,6 +330,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads; 0 keeps torch's default")
     parser.add_argument("--no-diagnostics", action="store_true", help="skip the diagnostics row")
+    parser.add_argument("--trl-grpo-source", help="path of TRL 1.16's trl/trainer/grpo_trainer.py, for machines "
+                        "without TRL: get_gamma_weights is compiled from it instead of imported")
     parser.add_argument("--out", default="docs/benchmarks/kernel_microbench.json")
     parser.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
     parser.add_argument("--no-plot", action="store_true")
@@ -311,9 +339,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from trl import GRPOTrainer  # noqa: F401  (import once, before timing)
-
+    load_trl_gamma_weights(args.trl_grpo_source)  # import TRL once, before timing
     info = machine(args)
+    info["vespo_from"] = _TRL["source"]
     check_on_policy_equivalence(args.device, getattr(torch, args.dtype))
     print(f"kernel microbench on {info['device_name']} ({info['threads']} thread(s)), batch {args.batch}, "
           f"{args.repeats} interleaved repeats after {args.warmup} warm-ups", flush=True)

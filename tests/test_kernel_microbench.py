@@ -52,3 +52,14 @@ def test_cli_writes_rows_for_every_length_and_method(bench, tmp_path, capsys):
     assert "goal" in data and isinstance(data["goal"]["met"], bool)
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(last)["threads"] == data["machine"]["threads"]
+
+
+def test_vespo_weight_compiled_from_trl_source_equals_trl(bench):
+    import trl
+
+    source = pathlib.Path(trl.__file__).parent / "trainer" / "grpo_trainer.py"
+    from_source = bench.load_trl_gamma_weights(str(source))
+    imported = bench.load_trl_gamma_weights()
+    gen = torch.Generator().manual_seed(3)
+    args = (torch.randn(16, 1, generator=gen), 0.3 * torch.randn(16, 40, generator=gen), torch.ones(16, 40), None)
+    torch.testing.assert_close(from_source(*args), imported(*args), rtol=0, atol=0)
