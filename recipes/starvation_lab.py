@@ -345,6 +345,12 @@ def _diagnostics(log_ratio, adv, mask, params, name, slices) -> list[dict]:
     return rows
 
 
+def _per_batch(per_seed: list[list[float]], batches: list[int]) -> list[list[float]]:
+    """Average the per-step values of each diagnosed batch (steps of one batch are consecutive)."""
+    keys = sorted(set(batches))
+    return [[_nanmean([v for v, b in zip(values, batches) if b == k]) for k in keys] for values in per_seed]
+
+
 def _nanmean(values) -> float:
     vals = [float(v) for v in values if v == v]
     return sum(vals) / len(vals) if vals else math.nan
@@ -451,9 +457,9 @@ def run_regime(task: Task, cfg: LabConfig, kernels: dict, base: LossParams, log=
                     "reward": run["reward"],
                     "reward_hard": run["reward_hard"],
                     "beta": run["beta"],
-                    "diag_batch": run["diag_batch"],
-                    "grad_throughput_pos": run["diag"]["pos"],
-                    "grad_throughput_neg": run["diag"]["neg"],
+                    "diag_batch": sorted(set(run["diag_batch"])),  # batches whose steps were diagnosed
+                    "grad_throughput_pos": _per_batch(run["diag"]["pos"], run["diag_batch"]),  # [seed][batch]
+                    "grad_throughput_neg": _per_batch(run["diag"]["neg"], run["diag_batch"]),
                 },
             }
             log(
@@ -645,12 +651,53 @@ def _save(fig, out_dir: str, name: str) -> str:
     return path
 
 
+def markdown(result: dict) -> str:
+    """The docs tables: final reward and early diagnostics per regime, kernel and R (mean +- std over seeds)."""
+    reuses = result["config"]["reuse"]
+    out = []
+    fmt = lambda st, p=3: f"{st['mean']:.{p}f} ± {st['std']:.{p}f}"  # noqa: E731
+
+    def g(st):
+        return f"{st['mean']:.3g}" if st["mean"] < 100 else f"{st['mean']:.1e}"
+
+    for regime, res in result["regimes"].items():
+        rs = res["results"]
+        out.append(f"**{regime}** (Adam lr {res['lr']}): final expected reward / at a quarter of the budget\n")
+        out.append("| kernel | " + " | ".join(f"R={r}" for r in reuses) + " |")
+        out.append("|---|" + "---:|" * len(reuses))
+        for label, by_r in rs.items():
+            cells = [f"{fmt(by_r[f'R={r}']['final_reward'])} / {by_r[f'R={r}']['reward_at_quarter']['mean']:.3f}"
+                     for r in reuses]
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+        off = [r for r in reuses if r > 1]
+        out.append(f"\n**{regime}**: early grad_throughput pos / neg, starved_frac pos (mean over seeds)\n")
+        out.append("| kernel | " + " | ".join(f"R={r} pos / neg / starved" for r in off) + " |")
+        out.append("|---|" + "---:|" * len(off))
+        for label, by_r in rs.items():
+            cells = [f"{g(by_r[f'R={r}']['grad_throughput_pos'])} / {g(by_r[f'R={r}']['grad_throughput_neg'])} / "
+                     f"{by_r[f'R={r}']['starved_frac_pos']['mean']:.2f}" for r in off]
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
 def write(result: dict, out_dir: str) -> str:
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "starvation_lab.json")
     with open(path, "w") as f:
-        json.dump(result, f, indent=1, allow_nan=True)
+        json.dump(_round(result), f, indent=1, allow_nan=True)
     return path
+
+
+def _round(value, digits: int = 5):
+    """Floats to ``digits`` significant digits (keeps the JSON readable and small)."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}") if math.isfinite(value) else value
+    if isinstance(value, dict):
+        return {k: _round(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_round(v, digits) for v in value]
+    return value
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -683,7 +730,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--params", nargs="*", default=[], help="LossParams overrides for every kernel, key=value")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these small ops)")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--markdown-from", metavar="JSON", help="print the docs tables of an existing result and exit")
     args = parser.parse_args(argv)
+    if args.markdown_from:
+        with open(args.markdown_from) as f:
+            result = json.load(f)
+        print(markdown(result))
+        return result
 
     torch.set_num_threads(args.threads)
     cfg = LabConfig(**QUICK) if args.quick else LabConfig()
