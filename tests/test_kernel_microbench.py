@@ -1,0 +1,65 @@
+"""The kernel microbenchmark at toy size: it times the right expressions and writes its JSON."""
+
+import importlib.util
+import json
+import pathlib
+import sys
+
+import pytest
+import torch
+
+BENCH_PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "kernel_microbench.py"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _restore_threads():
+    threads = torch.get_num_threads()  # the scripts pin torch to one thread; leave other tests as they were
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("kernel_microbench", BENCH_PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["kernel_microbench"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_losses_agree_on_policy_and_differ_off_policy(bench):
+    assert bench.check_on_policy_equivalence("cpu", torch.float32) < 1e-6
+    x = bench.make_inputs(4, 32, "cpu", torch.float32)
+    x["old"] = x["old"] + 0.5  # far off-policy: the kernels must now give different gradients
+    grads = {}
+    for name, fn in bench.LOSSES.items():
+        x["logp"].grad = None
+        fn(x).backward()
+        grads[name] = x["logp"].grad.clone()
+    assert not torch.allclose(grads["respo"], grads["dapo"]) and not torch.allclose(grads["respo"], grads["vespo"])
+
+
+def test_cli_writes_rows_for_every_length_and_method(bench, tmp_path, capsys):
+    out = tmp_path / "mb.json"
+    bench.main(["--lengths", "32", "64", "--batch", "4", "--repeats", "3", "--warmup", "1", "--out", str(out),
+                "--no-plot"])
+    data = json.loads(out.read_text())
+    assert [row["length"] for row in data["rows"]] == [32, 64]
+    for row in data["rows"]:
+        assert set(row["methods"]) == {"dapo", "vespo", "respo", "diagnostics"}
+        assert row["methods"]["dapo"]["ratio_to_dapo"] == 1.0
+        assert all(m["peak_mb"] > 0 and len(m["samples_ms"]) == 3 for m in row["methods"].values())
+    assert "goal" in data and isinstance(data["goal"]["met"], bool)
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(last)["threads"] == data["machine"]["threads"]
+
+
+def test_vespo_weight_compiled_from_trl_source_equals_trl(bench):
+    import trl
+
+    source = pathlib.Path(trl.__file__).parent / "trainer" / "grpo_trainer.py"
+    from_source = bench.load_trl_gamma_weights(str(source))
+    imported = bench.load_trl_gamma_weights()
+    gen = torch.Generator().manual_seed(3)
+    args = (torch.randn(16, 1, generator=gen), 0.3 * torch.randn(16, 40, generator=gen), torch.ones(16, 40), None)
+    torch.testing.assert_close(from_source(*args), imported(*args), rtol=0, atol=0)
