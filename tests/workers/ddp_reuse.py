@@ -47,7 +47,11 @@ logs = [h for h in trainer.state.log_history if "loss" in h]
 with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
     json.dump({"world_size": trainer.accelerator.num_processes, "logs": logs, "local_tokens": trainer.local_tokens,
                "generated_tokens": trainer.rollouts.generated_tokens}, f)
-# Tear the process group down together: if rank 0 (which hosts the rendezvous store) exits while another rank is
-# still tearing down, that rank aborts ("terminate called without an active exception") after all work is done.
+# Leave without interpreter teardown once every rank has written its results. On this CPU/gloo stack a rank
+# occasionally aborts while destroying the process group objects at exit ("terminate called without an active
+# exception", about 1 run in 10, after all work is done), which would fail the test for a reason unrelated to it.
 trainer.accelerator.wait_for_everyone()
 trainer.accelerator.end_training()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
