@@ -50,7 +50,7 @@ def sequence_log_ratio(log_ratio: Tensor, mask: Tensor, log_is_ratio: Tensor | N
     if log_is_ratio is not None:
         rho = rho + log_is_ratio.float()
     rho = rho.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    rho = torch.where(mask, rho, torch.zeros_like(rho))  # also drops NaN at masked positions
+    rho = torch.where(mask, rho, 0.0)  # also drops NaN at masked positions
     return rho.sum(-1), mask.sum(-1).to(rho.dtype)
 
 
