@@ -35,17 +35,25 @@ Decision rule (fixed before the runs; ``CRITERIA`` below is the text written int
 5. Among the variants that pass 2-4, the best primary score wins; within 1 point, the better worst-case early reward
    (quarter budget), then the higher early ``grad_throughput/pos`` at R = 4. If none passes, the spec default stays.
 
+Two guards were added after the first full run (both can only move the result *toward* the spec default):
+
+6. Confirmation: up to three passing candidates are re-run with the default and clipped PPO on 8 fresh seeds
+   (8-15, R = 4 and 8); the best-ranked one that again beats the default at R = 4 in both regimes is adopted (one
+   slot, ~20 variants: selection luck is real).
+7. Parsimony: a changed factor of the winner is reverted to the default when the setting without it also passed
+   2-6 and the seed-paired gap between the two at R = 4, over all 16 seeds, is within 2 SE in both regimes.
+
 How to run
 ----------
-    PYTHONPATH=. python benchmarks/ablation_lab.py                         # full grid, ~6-10 min on one core
-    PYTHONPATH=. python benchmarks/ablation_lab.py --quick --out /tmp/abl  # smoke size, ~15 s
+    PYTHONPATH=. python benchmarks/ablation_lab.py                         # full grid + phases 2-3, ~7 min
+    PYTHONPATH=. python benchmarks/ablation_lab.py --quick --out /tmp/abl  # smoke size, ~4 s
     PYTHONPATH=. python benchmarks/ablation_lab.py --markdown-from docs/benchmarks/ablation_lab.json
     PYTHONPATH=. python benchmarks/ablation_lab.py --factors neg --reuse 1 4 --seeds 0 1 2   # one factor, cheaper
 
 Writes ``--out``/``ablation_lab.json`` (default ``docs/benchmarks``) and ``ablation_lab.png`` (final reward by
-variant, both regimes, R = 4 and 8, error bars = std over seeds, clipped PPO as a band). Runtime of the full grid:
-~22 variants x 2 regimes x R in {1, 4, 8} x 8 seeds (seeds are batched in one pass), about 6 min with one torch thread
-on the 2-core dev box under load.
+variant, both regimes, R = 4 and 8, error bars = std over seeds, clipped PPO as a band). Runtime: 19 variants
+(phase 1) + up to 4 combinations (phase 2) x 2 regimes x R in {1, 4, 8} x 8 seeds (batched in one pass), then phase 3
+(5 settings x R in {4, 8} x 8 fresh seeds): ~6.5 min with one torch thread on the shared 2-core dev box.
 
 Reuse on another setting: :func:`run_ablation` takes a ``runner(variants) -> {regime: {label: {"R=r": metrics}}}``
 with the lab's metric schema (``final_reward``, ``reward_at_quarter``, ``grad_throughput_pos``/``neg``,
@@ -102,6 +110,12 @@ CRITERIA = [
     "can become defaults; the others are contrasts.",
     "5. Among variants passing 2-4 the best primary score wins; within 1 point, the better worst-case early reward "
     "(quarter budget), then higher early grad_throughput/pos at R = 4. If none passes, the spec default stays.",
+    "6. Confirmation (added after the first full run, against selection luck among ~20 variants): the passing "
+    "candidates are re-run with the default and clipped PPO on 8 fresh seeds (R = 4 and 8); the best-ranked one that "
+    "again beats the default at R = 4 in both regimes (seed-paired mean > 0) is adopted.",
+    "7. Parsimony (added after the first full run, toward the spec default): a changed factor of the winner is "
+    "reverted to the default when the setting without it also passed 2-6 and the gap between the two at R = 4, "
+    "seed-paired over all their seeds, is within 2 SE in both regimes.",
 ]
 
 DEFAULT = {"respo_norm": "sqrt", "respo_rho_min": 0.5, "respo_alpha_pos": 0.5, "respo_lambda_pos": 0.5,
@@ -110,6 +124,7 @@ REFERENCE = "ppo_clip"
 DEFAULT_LABEL = "respo"
 PRIMARY_R = 4
 CHECK_R = 8
+MAX_CONFIRM = 3  # phase 3 re-runs at most this many passing candidates
 FACTOR_ORDER = ("reference", "default", "norm", "pos", "neg", "combined")
 
 
@@ -195,6 +210,7 @@ def lab_runner(cfg, log=print) -> Callable[[dict], dict]:
 
     run.regimes = dict(cfg.regimes)
     run.reuse = tuple(cfg.reuse)
+    run.seeds = tuple(cfg.seeds)
     return run
 
 
@@ -233,31 +249,50 @@ def compact(run: dict, ref: dict | None, default: dict | None) -> dict:
     return out
 
 
-def run_ablation(runner: Callable[[dict], dict], variants: dict, combine: bool = True, log=print) -> dict:
-    """Run ``variants`` (phase 1), add combined candidates (phase 2), score and decide. Returns the JSON result."""
+def _compact_raw(raw: dict) -> dict:
+    """``{regime: {label: {"R=r": lab metrics}}}`` -> the same with :func:`compact` cells (gaps to PPO and default)."""
+    out = {}
+    for regime, by_label in raw.items():
+        ref, default = by_label[REFERENCE], by_label.get(DEFAULT_LABEL, {})
+        out[regime] = {label: {key: compact(run, ref.get(key), default.get(key)) for key, run in by_r.items()}
+                       for label, by_r in by_label.items()}
+    return out
+
+
+def run_ablation(runner: Callable[[dict], dict], variants: dict, combine: bool = True,
+                 confirm_runner: Callable[[dict], dict] | None = None, log=print) -> dict:
+    """Phase 1 (``variants``), phase 2 (combined candidates), scoring and the decision; with ``confirm_runner``
+    (the same setting on fresh seeds), phase 3 re-runs the candidates that pass the bar, with the default and the
+    reference, and the decision adopts only a confirmed one. Returns the JSON-ready result."""
     start = time.perf_counter()
     raw = runner(variants)
     variants = dict(variants)
     if combine:
-        extra = combined_candidates(raw, variants)
+        extra = combined_candidates({"variants": variants, "regimes": {
+            g: {"results": cells} for g, cells in _compact_raw(raw).items()}})
         if extra:
             log(f"-- phase 2: combined candidates {list(extra)}")
             raw2 = runner(extra)
             for regime in raw:
                 raw[regime].update(raw2[regime])
             variants.update(extra)
-    regimes = {}
-    for regime, by_label in raw.items():
-        cells = {}
-        for label, by_r in by_label.items():
-            cells[label] = {
-                key: compact(run, raw[regime][REFERENCE].get(key), raw[regime].get(DEFAULT_LABEL, {}).get(key))
-                for key, run in by_r.items()
-            }
-        regimes[regime] = {"lr": getattr(runner, "regimes", {}).get(regime), "results": cells}
-    result = {"variants": variants, "regimes": regimes, "criteria": CRITERIA}
+    lrs = getattr(runner, "regimes", {})
+    result = {"variants": variants, "criteria": CRITERIA,
+              "regimes": {g: {"lr": lrs.get(g), "results": cells} for g, cells in _compact_raw(raw).items()}}
     result["on_policy_check"] = on_policy_check(raw)
     result["decision"] = decide(result)
+    if confirm_runner is not None:
+        candidates = result["decision"]["passing"][:MAX_CONFIRM]
+        log(f"-- phase 3: confirmation on fresh seeds of {candidates or 'nothing (no variant passes)'}")
+        if candidates:
+            keep = [REFERENCE, DEFAULT_LABEL, *candidates]
+            raw3 = confirm_runner({k: variants[k] for k in keep})
+            result["confirmation"] = {
+                "seeds": list(getattr(confirm_runner, "seeds", [])),
+                "reuse": list(getattr(confirm_runner, "reuse", [])),
+                "regimes": {g: {"lr": lrs.get(g), "results": cells} for g, cells in _compact_raw(raw3).items()},
+            }
+            result["decision"] = decide(result)
     result["runtime_s"] = time.perf_counter() - start
     return result
 
@@ -327,13 +362,10 @@ def gate(result: dict, label: str) -> dict:
     return {"passes": not reasons, "reasons": reasons}
 
 
-def _rank_key(s: dict):
-    return (s["worst_vs_ppo_points"], s["worst_early_reward"], s["mean_early_throughput_pos"])
-
-
 def _best(result: dict, labels: list[str]) -> str | None:
-    """Criterion 5: best primary score; within 1 point, early reward then early positive throughput."""
-    scored = {lab_: score(result, lab_) for lab_ in labels}
+    """Criterion 5: best primary score; within 1 point of it, the better worst-case early reward, then the higher
+    early positive throughput."""
+    scored = {k: score(result, k) for k in labels}
     scored = {k: s for k, s in scored.items() if s}
     if not scored:
         return None
@@ -342,8 +374,33 @@ def _best(result: dict, labels: list[str]) -> str | None:
     return max(close, key=lambda k: (scored[k]["worst_early_reward"], scored[k]["mean_early_throughput_pos"]))
 
 
+def ranked(result: dict, labels: list[str]) -> list[str]:
+    """``labels`` in the order of criterion 5 (best first)."""
+    left, out = list(labels), []
+    while left:
+        best = _best(result, left)
+        if best is None:
+            break
+        out.append(best)
+        left.remove(best)
+    return out
+
+
+def confirm(result: dict, label: str) -> dict | None:
+    """Phase 3 verdict: on the fresh seeds, ``label`` beats the default at R = 4 in both regimes (paired mean > 0)."""
+    conf = result.get("confirmation")
+    if not conf or label not in next(iter(conf["regimes"].values()))["results"]:
+        return None
+    diffs = {g: r["results"][label][f"R={PRIMARY_R}"]["vs_default_points"] for g, r in conf["regimes"].items()}
+    vs_ppo = {g: r["results"][label][f"R={PRIMARY_R}"]["vs_ppo_points"] for g, r in conf["regimes"].items()}
+    return {"confirmed": all(d["mean"] > 0 for d in diffs.values()),
+            "vs_default_points": {g: {k: d[k] for k in ("mean", "se")} for g, d in diffs.items()},
+            "vs_ppo_points": {g: {k: d[k] for k in ("mean", "se")} for g, d in vs_ppo.items()}}
+
+
 def decide(result: dict) -> dict:
-    """Apply the criteria: per-factor leaders, which variants pass the adoption bar, and the recommended defaults."""
+    """Apply the criteria: per-factor leaders, the variants that pass the bar (ranked), the confirmation verdicts
+    where phase 3 ran, and the recommended defaults."""
     variants = result["variants"]
     respo = [k for k, v in variants.items() if v["registry"] == "respo"]
     table = {k: {**score(result, k), **gate(result, k)} for k in respo if k != DEFAULT_LABEL}
@@ -353,48 +410,108 @@ def decide(result: dict) -> dict:
         in_factor = [k for k in respo if variants[k]["factor"] in (factor, "default") and variants[k]["in_regime"]]
         if len(in_factor) > 1:
             leaders[factor] = _best(result, in_factor)
-    passing = [k for k, row in table.items() if row.get("passes")]
-    winner = _best(result, passing) if passing else None
+    passing = ranked(result, [k for k, row in table.items() if row.get("passes")])
+    winner = None
+    for label in passing:
+        verdict = confirm(result, label)
+        if verdict is not None:
+            table[label]["confirmation"] = verdict
+        if winner is None and (verdict is None or verdict["confirmed"]):
+            winner = label
+    ranked_winner, trimmed = winner, []
+    while winner is not None:  # criterion 7: drop the factors of the winner that carry no evidence of their own
+        reduced = _drop_unsupported_factor(result, winner, passing, table)
+        if reduced is None:
+            break
+        trimmed.append(reduced)
+        winner = reduced["to"]
     chosen = winner or DEFAULT_LABEL
-    params = {**DEFAULT, **variants[chosen]["overrides"]}
     return {
         "table": table,
         "factor_leaders": leaders,
         "passing": passing,
+        "confirmation_ran": "confirmation" in result,
+        "ranked_winner": ranked_winner,
+        "parsimony": trimmed,
         "winner": chosen,
         "changes_default": winner is not None,
-        "recommended": params,
+        "recommended": {**DEFAULT, **variants[chosen]["overrides"]},
         "best_overall_by_primary_score": _best(result, respo),
     }
 
 
-def combined_candidates(raw: dict, variants: dict) -> dict:
-    """Phase 2: the combination of each factor's in-regime leader (by the primary score on the phase-1 results),
-    and the same without the normalisation change; skipped when it is a setting already run."""
-    prelim = {"variants": variants, "regimes": {}}
-    for regime, by_label in raw.items():
-        prelim["regimes"][regime] = {"results": {
-            label: {key: compact(run, by_label[REFERENCE].get(key), by_label.get(DEFAULT_LABEL, {}).get(key))
-                    for key, run in by_r.items()} for label, by_r in by_label.items()}}
-    overrides = {}
-    for factor in ("norm", "pos", "neg"):
+FACTOR_KEYS = {"norm": ("respo_norm", "respo_rho_min"), "pos": ("respo_alpha_pos", "respo_lambda_pos"),
+               "neg": ("respo_alpha_neg", "respo_lambda_neg")}
+
+
+def _pooled_finals(result: dict, label: str, regime: str, reuse: int) -> list[float] | None:
+    """Per-seed final rewards of ``label`` over phase 1 and, where it ran ``label``, the confirmation seeds."""
+    out = []
+    for src in (result, result.get("confirmation")):
+        if not src:
+            continue
+        cell = src["regimes"][regime]["results"].get(label, {}).get(f"R={reuse}")
+        if cell is None:
+            if src is result:
+                return None
+            continue
+        out += cell["final_reward"]["per_seed"]
+    return out
+
+
+def _drop_unsupported_factor(result: dict, label: str, passing: list[str], table: dict) -> dict | None:
+    """Criterion 7 (parsimony): if reverting one changed factor of ``label`` to the default gives a setting that
+    also passed (and, where phase 3 ran, was confirmed) and whose seed-paired gap to ``label`` at R = 4, pooled over
+    all seeds that ran both, is within 2 SE in every regime, return ``{"from", "to", "factor", "gap_points"}``."""
+    overrides = result["variants"][label]["overrides"]
+    for factor, keys in FACTOR_KEYS.items():
+        if not any(k in overrides for k in keys):
+            continue
+        reduced = variant_label({k: v for k, v in overrides.items() if k not in keys})
+        row = table.get(reduced)
+        if reduced == DEFAULT_LABEL or reduced not in passing or (row.get("confirmation") or {}).get(
+                "confirmed") is False:
+            continue
+        gaps = {}
+        for regime in result["regimes"]:
+            a = _pooled_finals(result, label, regime, PRIMARY_R)
+            b = _pooled_finals(result, reduced, regime, PRIMARY_R)
+            n = min(len(a or []), len(b or []))
+            if n < 2:
+                break
+            st = _stats([100 * (x - y) for x, y in zip(a[:n], b[:n])])
+            gaps[regime] = {"mean": st["mean"], "se": st["se"], "n": n}
+        if len(gaps) == len(result["regimes"]) and all(g["mean"] <= 2 * g["se"] for g in gaps.values()):
+            return {"from": label, "to": reduced, "factor": factor, "gap_points": gaps}
+    return None
+
+
+def combined_candidates(prelim: dict) -> dict:
+    """Phase 2 candidates from the phase-1 result: the top two in-regime levels (the default among them, criterion 5)
+    of the positive and of the negative branch, crossed at the normalisation leader, plus all three leaders
+    together when the normalisation leader is not the default. Settings already run are skipped."""
+    variants = prelim["variants"]
+
+    def top(factor: str, n: int) -> list[dict]:
         labels = [k for k, v in variants.items()
                   if v["registry"] == "respo" and v["factor"] in (factor, "default") and v["in_regime"]]
-        if len(labels) > 1:
-            leader = _best(prelim, labels)
-            overrides[factor] = variants[leader]["overrides"] if leader else {}
-    changed = [f for f in ("norm", "pos", "neg") if overrides.get(f)]
-    combos = [changed, [f for f in changed if f != "norm"]]  # every leader; the kernel leaders at sqrt
+        return [variants[k]["overrides"] for k in ranked(prelim, labels)[:n]] if len(labels) > 1 else [{}]
+
+    norm = top("norm", 1)[0]
+    pos, neg = top("pos", 2), top("neg", 2)
+    combos = [{**norm, **p, **n} for p in pos for n in neg]
+    if norm:
+        combos.append({**pos[0], **neg[0]})
     extra = {}
-    for combo in combos:
-        if len(combo) < 2:
-            continue  # not a combination: that single change was run in phase 1
-        ov = {k: v for f in combo for k, v in overrides[f].items()}
+    for ov in combos:
         label = variant_label(ov)
-        if label in variants or label in extra:
-            continue
+        if label in variants or label in extra or sum(bool(x) for x in (
+                {k: v for k, v in ov.items() if k.startswith("respo_norm") or k == "respo_rho_min"},
+                {k: v for k, v in ov.items() if k.endswith("_pos")},
+                {k: v for k, v in ov.items() if k.endswith("_neg")})) < 2:
+            continue  # already run, or a single-factor change (phase 1 ran those)
         extra[label] = {"registry": "respo", "overrides": ov, "factor": "combined", "in_regime": in_spec_regime(ov),
-                        "note": "phase 2: factor leaders combined"}
+                        "note": "phase 2: top factor levels combined"}
     return extra
 
 
@@ -419,7 +536,7 @@ def plot(result: dict, path: str) -> str:
     regimes = list(result["regimes"])
     reuses = [r for r in (PRIMARY_R, CHECK_R) if f"R={r}" in result["regimes"][regimes[0]]["results"][REFERENCE]]
     colors = {"default": "tab:blue", "norm": "tab:green", "pos": "tab:orange", "neg": "tab:purple",
-              "combined": "tab:red"}
+              "combined": "black"}
     fig, axes = plt.subplots(1, len(regimes) * len(reuses), figsize=(3.3 * len(regimes) * len(reuses) + 1.5,
                              0.28 * len(labels) + 1.6), sharey=True, squeeze=False)
     y = list(range(len(labels)))[::-1]
@@ -499,17 +616,39 @@ def markdown(result: dict) -> str:
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     out.append("")
     out.append("**Decision** (criteria above)\n")
-    out.append("| variant | worst Δ clip @R=4 | worst early reward | passes | why not |")
-    out.append("|---|---:|---:|---|---|")
+    out.append("| variant | worst Δ clip @R=4 | worst early reward | passes 2-4 | confirmed (6) | why not |")
+    out.append("|---|---:|---:|---|---|---|")
     rows = sorted(dec["table"].items(), key=lambda kv: -kv[1].get("worst_vs_ppo_points", -math.inf))
     for label, row in rows:
         ok = "-" if row["passes"] is None else ("yes" if row["passes"] else "no")
+        verdict = row.get("confirmation")
+        conf_cell = "" if verdict is None else ("yes" if verdict["confirmed"] else "no") + " (" + ", ".join(
+            f"{g} {d['mean']:+.1f}" for g, d in verdict["vs_default_points"].items()) + ")"
         out.append(f"| {label} | {row.get('worst_vs_ppo_points', math.nan):+.1f} | "
-                   f"{row.get('worst_early_reward', math.nan):.3f} | {ok} | {'; '.join(row['reasons'])} |")
+                   f"{row.get('worst_early_reward', math.nan):.3f} | {ok} | {conf_cell} | {'; '.join(row['reasons'])} |")
     out.append("")
+    conf = result.get("confirmation")
+    if conf:
+        out.append(f"**Confirmation on fresh seeds {conf['seeds']}** (R = {PRIMARY_R}; final reward mean ± std, "
+                   "seed-paired gaps in points, mean ± SE)\n")
+        names = list(conf["regimes"])
+        out.append("| variant | " + " | ".join(f"{g} final | {g} Δ clip | {g} Δ default" for g in names) + " |")
+        out.append("|---|" + "---:|---:|---:|" * len(names))
+        for label in next(iter(conf["regimes"].values()))["results"]:
+            cells = []
+            for g in names:
+                c = conf["regimes"][g]["results"][label][f"R={PRIMARY_R}"]
+                cells += [pm(c["final_reward"]), "(ref)" if label == REFERENCE else pts(c["vs_ppo_points"]),
+                          "-" if label == DEFAULT_LABEL else pts(c["vs_default_points"])]
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+        out.append("")
     out.append(f"Factor leaders (in-regime, primary score): {dec['factor_leaders']}. "
                f"Best overall by primary score (any regime): {dec['best_overall_by_primary_score']}. "
-               f"Winner: **{dec['winner']}** ({'changes' if dec['changes_default'] else 'keeps'} the default): "
+               + "".join(f"Parsimony (7): {t['from']} -> {t['to']} (the {t['factor']} change adds "
+                         + ", ".join(f"{g} {v['mean']:+.1f} ± {v['se']:.1f}" for g, v in t["gap_points"].items())
+                         + f" points over {min(v['n'] for v in t['gap_points'].values())} seeds). "
+                         for t in dec.get("parsimony", []))
+               + f"Winner: **{dec['winner']}** ({'changes' if dec['changes_default'] else 'keeps'} the default): "
                + ", ".join(f"{k}={v}" for k, v in dec["recommended"].items()))
     chk = result.get("on_policy_check", {})
     if chk:
@@ -542,6 +681,8 @@ def write(result: dict, out_dir: str) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 
 FULL = dict(reuse=(1, 4, 8), seeds=tuple(range(8)))
+FULL_CONFIRM_SEEDS = tuple(range(8, 16))
+QUICK_CONFIRM_SEEDS = (2, 3)
 QUICK = dict(prompts=8, group=8, max_len=64, min_len=16, batches=6, seeds=(0, 1), reuse=(1, 4), diag_every=2)
 QUICK_LEVELS = {"norm": [{"respo_norm": "mean"}, {"respo_norm": "ess", "respo_rho_min": 0.5}],
                 "pos": [{"respo_alpha_pos": 0.25, "respo_lambda_pos": 0.25}],
@@ -557,6 +698,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", nargs="+", type=int, help="seeds (default 0..7)")
     parser.add_argument("--batches", type=int, help="generation batches per run (lab default 24)")
     parser.add_argument("--no-combine", action="store_true", help="skip phase 2 (combined candidates)")
+    parser.add_argument("--confirm-seeds", nargs="+", type=int, help="fresh seeds of phase 3 (default 8..15)")
+    parser.add_argument("--no-confirm", action="store_true", help="skip phase 3 (confirmation on fresh seeds)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: fastest on the shared box)")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--markdown-from", metavar="JSON", help="print the docs tables of an existing result and exit")
@@ -577,8 +720,16 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"ablation lab: {len(variants)} variants x R in {list(cfg.reuse)} x {len(cfg.seeds)} seeds x "
           f"{len(cfg.regimes)} regimes (+ combined candidates)", flush=True)
     t0 = time.perf_counter()
-    result = run_ablation(lab_runner(cfg, log=lambda line: print(line, flush=True)), variants,
-                          combine=not args.no_combine, log=lambda line: print(line, flush=True))
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    confirm_runner = None
+    if not args.no_confirm:
+        seeds = tuple(args.confirm_seeds or (QUICK_CONFIRM_SEEDS if args.quick else FULL_CONFIRM_SEEDS))
+        if set(seeds) & set(cfg.seeds):
+            raise SystemExit(f"--confirm-seeds {seeds} must be fresh (phase 1 seeds: {cfg.seeds})")
+        reuse = tuple(r for r in cfg.reuse if r in (PRIMARY_R, CHECK_R))
+        confirm_runner = lab_runner(dataclasses.replace(cfg, seeds=seeds, reuse=reuse), log=log)
+    result = run_ablation(lab_runner(cfg, log=log), variants, combine=not args.no_combine,
+                          confirm_runner=confirm_runner, log=log)
     result = {
         "config": {**dataclasses.asdict(cfg), "default": DEFAULT, "primary_R": PRIMARY_R, "check_R": CHECK_R},
         **result,
