@@ -12,8 +12,9 @@ the reference row, in both lab regimes (``moderate``: Adam lr 0.1, ``stress``: l
   outside the spec's regime: ``(0, 0)`` (no correction, ``phi = 1``) and VESPO's ``(2, 3)``;
 * negative branch ``(alpha_neg, lambda_neg)`` in {(1, 1.5), (1, 2), (2, 2), (3, 3), (2, 3), (3, 2)}, plus contrasts
   ``(0.5, 0.5)`` and ``(0, 0)`` (plain policy gradient on wrong rollouts);
-* phase 2: one or two combined candidates built *automatically* from each factor's best in-regime level (by the
-  primary criterion below), so the "looks best" combination is reproducible, not hand-picked.
+* phase 2: combined candidates built *automatically* (the top two in-regime levels of each branch by criterion 5,
+  crossed at the best normalisation), so the "looks best" combinations are reproducible, not hand-picked;
+* phase 3: the candidates that pass the bar, re-run with the default and clipped PPO on 8 fresh seeds.
 
 Metrics per variant, regime and R (mean ± sample std over seeds, plus per-seed values): final expected reward; reward
 at a quarter of the budget; early (first-quarter) ``grad_throughput/pos`` and ``/neg`` and ``starved_frac/pos``;
@@ -21,8 +22,8 @@ at a quarter of the budget; early (first-quarter) ``grad_throughput/pos`` and ``
 clipped PPO and to the ReSPO default (mean, std, standard error, in reward points). At R = 1 every variant is the
 on-policy run (``phi(1) = 1``): the JSON records the largest R = 1 deviation from clipped PPO's curves as a check.
 
-Decision rule (fixed before the runs; ``CRITERIA`` below is the text written into the JSON and the docs)
-----------------------------------------------------------------------------------------------------------
+Decision rule (1-5 fixed before the runs; ``CRITERIA`` below is the text written into the JSON and the docs)
+-------------------------------------------------------------------------------------------------------------
 1. Primary score: the worst case over the two regimes of ``Delta = final reward(variant) - final reward(clipped PPO)``
    at R = 4, seed-paired, in points.
 2. Adoption bar: a variant replaces the spec default only if, at R = 4, it beats the default in *both* regimes
