@@ -94,7 +94,14 @@ def main():
     parser.add_argument("--completion_len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--out", default="docs/benchmarks")
+    parser.add_argument(
+        "--threads", type=int, default=1,
+        help="torch intra-op threads; 1 keeps timings sane on a shared 2-core box (2 threads spin-wait under load)",
+    )
     args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
 
     import tempfile
 
@@ -111,7 +118,8 @@ def main():
             print(json.dumps(rows[-1]), flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "diagnostics_overhead.json"), "w") as f:
-        json.dump({"command": "python " + " ".join(sys.argv), "settings": vars(args), "rows": rows}, f, indent=1)
+        machine = {"cpus": os.cpu_count(), "load_average": os.getloadavg()}
+        json.dump({"command": "python " + " ".join(sys.argv), "settings": vars(args), "machine": machine, "rows": rows}, f, indent=1)
     print(f"\n{'model':>22} {'tokens':>7} {'with (ms)':>10} {'without (ms)':>13} {'ratio':>6}")
     for r in rows:
         name = f"{r['params_m']:.2f}M ({r['hidden']}x{r['layers']})"

@@ -101,7 +101,14 @@ def main():
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--out", default="docs/benchmarks")
+    parser.add_argument(
+        "--threads", type=int, default=1,
+        help="torch intra-op threads; 1 keeps timings sane on a shared 2-core box (2 threads spin-wait under load)",
+    )
     args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
     reuses = [int(r) for r in args.reuse.split(",")]
     if any(args.steps % r for r in reuses):
         parser.error(f"--steps {args.steps} must be a multiple of every R in {reuses}")
@@ -114,7 +121,6 @@ def main():
 
     from respo_trl.tiny import build_char_tokenizer
 
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
     tokenizer = build_char_tokenizer()
     prompts = [[{"role": "user", "content": f"{i}+{(7 * i) % 13}="}] for i in range(512)]
     dataset = Dataset.from_dict({"prompt": prompts})

@@ -14,6 +14,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
+# One intra-op thread: the tiny models gain nothing from two, and on a busy 2-core machine two threads spin-wait on
+# each other (measured here: 9 s vs 104 s for tests/test_trainer.py + tests/test_gradients.py under load).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 CPU_ARGS = dict(
     use_cpu=True,
