@@ -5,7 +5,7 @@ completion tokens sampled per optimizer step (R=4 must be exactly a quarter of R
 same) and the wall time per optimizer step, and prints the measured time ratio to R=1 next to the ideal
 ``(gen/R + train) / (gen + train)`` computed from R=1's measured generation and training time.
 
-    python benchmarks/reuse_benchmark.py                    # ~2-4 min on 2 CPU cores
+    python benchmarks/reuse_benchmark.py                    # ~1 min on 2 CPU cores
     python benchmarks/reuse_benchmark.py --steps 16 --repeats 3 --out docs/benchmarks
 
 Writes ``reuse_benchmark.json`` and ``reuse_benchmark.png`` into ``--out``.
@@ -30,7 +30,7 @@ def crc_reward(completions, **kwargs):
     return [float(zlib.crc32(c[0]["content"].encode()) % 2) for c in completions]
 
 
-def run_once(reuse: int, steps: int, args, tokenizer, dataset, tmp: str) -> dict:
+def run_once(reuse: int, steps: int, completion_len: int, args, tokenizer, dataset, tmp: str) -> dict:
     from transformers.trainer_callback import PrinterCallback
 
     from respo_trl import ReSPOConfig, ReSPOTrainer
@@ -47,7 +47,7 @@ def run_once(reuse: int, steps: int, args, tokenizer, dataset, tmp: str) -> dict
             self.generations += 1
 
     config = ReSPOConfig(
-        output_dir=os.path.join(tmp, f"r{reuse}"),
+        output_dir=os.path.join(tmp, f"r{reuse}-{completion_len}"),
         use_cpu=True,
         bf16=False,
         activation_checkpointing=False,
@@ -57,9 +57,9 @@ def run_once(reuse: int, steps: int, args, tokenizer, dataset, tmp: str) -> dict
         logging_steps=1,
         per_device_train_batch_size=args.batch,
         num_generations=4,
-        max_completion_length=args.completion_len,
+        max_completion_length=completion_len,
         # every completion runs to the full length, so sampled tokens measure the generation work exactly
-        generation_kwargs={"min_new_tokens": args.completion_len},
+        generation_kwargs={"min_new_tokens": completion_len},
         learning_rate=1e-4,
         max_steps=steps,
         respo_reuse=reuse,
@@ -79,6 +79,7 @@ def run_once(reuse: int, steps: int, args, tokenizer, dataset, tmp: str) -> dict
     logs = [h for h in trainer.state.log_history if "loss" in h]
     return {
         "reuse": reuse,
+        "completion_len": completion_len,
         "steps": steps,
         "wall_s": wall,
         "s_per_step": wall / steps,
@@ -97,7 +98,10 @@ def main():
     parser.add_argument("--steps", type=int, default=16, help="optimizer steps per run (a multiple of every R)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
     parser.add_argument("--batch", type=int, default=16, help="completions per optimizer step")
-    parser.add_argument("--completion_len", type=int, default=32)
+    parser.add_argument(
+        "--completion_lens", default="32,128,512",
+        help="completion lengths to measure; reuse pays more the more generation dominates the step",
+    )
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--out", default="docs/benchmarks")
@@ -125,42 +129,49 @@ def main():
     prompts = [[{"role": "user", "content": f"{i}+{(7 * i) % 13}="}] for i in range(512)]
     dataset = Dataset.from_dict({"prompt": prompts})
 
-    runs = {r: [] for r in reuses}
+    lengths = [int(n) for n in args.completion_lens.split(",")]
+    runs = {(n, r): [] for n in lengths for r in reuses}
     order = []
     for rep in range(args.repeats):
-        order += reuses if rep % 2 == 0 else list(reversed(reuses))
+        order += [(n, r) for n in lengths for r in (reuses if rep % 2 == 0 else list(reversed(reuses)))]
     with tempfile.TemporaryDirectory() as tmp:
-        for reuse in tqdm(order, desc="runs"):
-            runs[reuse].append(run_once(reuse, args.steps, args, tokenizer, dataset, tmp))
+        for n, reuse in tqdm(order, desc="runs"):
+            runs[(n, reuse)].append(run_once(reuse, args.steps, n, args, tokenizer, dataset, tmp))
 
-    def med(reuse, key):
-        return statistics.median(run[key] for run in runs[reuse])
+    def med(n, reuse, key):
+        return statistics.median(run[key] for run in runs[(n, reuse)])
 
     base = reuses[0]
-    gen, train = med(base, "generation_s_per_batch"), med(base, "train_s_per_step")
     rows = []
-    for reuse in reuses:
-        measured = med(reuse, "s_per_step") / med(base, "s_per_step")
-        ideal = (gen / reuse + train) / (gen + train)
-        rows.append(
-            {
-                "reuse": reuse,
-                "generated_tokens_per_step": med(reuse, "generated_tokens_per_step"),
-                "tokens_ratio_to_R1": med(reuse, "generated_tokens_per_step") / med(base, "generated_tokens_per_step"),
-                "s_per_step": med(reuse, "s_per_step"),
-                "time_ratio_to_R1": measured,
-                "ideal_time_ratio": ideal,
-                "generation_s_per_batch": med(reuse, "generation_s_per_batch"),
-                "train_s_per_step": med(reuse, "train_s_per_step"),
-                "mean_staleness": med(reuse, "mean_staleness"),
-            }
-        )
+    for n in lengths:
+        gen, train = med(n, base, "generation_s_per_batch"), med(n, base, "train_s_per_step")
+        for reuse in reuses:
+            rows.append(
+                {
+                    "completion_len": n,
+                    "reuse": reuse,
+                    "generated_tokens_per_step": med(n, reuse, "generated_tokens_per_step"),
+                    "tokens_ratio_to_R1": med(n, reuse, "generated_tokens_per_step") / med(n, base, "generated_tokens_per_step"),
+                    "s_per_step": med(n, reuse, "s_per_step"),
+                    "time_ratio_to_R1": med(n, reuse, "s_per_step") / med(n, base, "s_per_step"),
+                    "ideal_time_ratio": (gen / reuse + train) / (gen + train),
+                    "generation_s_per_batch_R1": gen,
+                    "train_s_per_step_R1": train,
+                    "mean_staleness": med(n, reuse, "mean_staleness"),
+                }
+            )
     report = {
         "command": "python " + " ".join(sys.argv),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__},
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "load_average": os.getloadavg(),
+        },
         "settings": vars(args),
         "rows": rows,
-        "runs": runs,
+        "runs": {f"len{n}-R{r}": v for (n, r), v in runs.items()},
     }
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "reuse_benchmark.json"), "w") as f:
@@ -171,24 +182,26 @@ def main():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.5))
-    x = range(len(reuses))
-    ax.bar([i - 0.2 for i in x], [r["time_ratio_to_R1"] for r in rows], 0.4, label="measured")
-    ax.bar([i + 0.2 for i in x], [r["ideal_time_ratio"] for r in rows], 0.4, label="ideal (gen/R + train)")
-    ax.plot(list(x), [1 / r for r in reuses], "k.--", label="sampled tokens (1/R)")
-    ax.set_xticks(list(x), [f"R={r}" for r in reuses])
-    ax.set_ylabel("per optimizer step, relative to R=1")
-    ax.set_title("Rollout reuse on the tiny Qwen3 (CPU)")
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(1, len(lengths), figsize=(5 * len(lengths), 3.5), squeeze=False)
+    for ax, n in zip(axes[0], lengths):
+        sub = [r for r in rows if r["completion_len"] == n]
+        x = range(len(sub))
+        ax.bar([i - 0.2 for i in x], [r["time_ratio_to_R1"] for r in sub], 0.4, label="measured wall time")
+        ax.bar([i + 0.2 for i in x], [r["ideal_time_ratio"] for r in sub], 0.4, label="ideal (gen/R + train)")
+        ax.plot(list(x), [r["tokens_ratio_to_R1"] for r in sub], "k.--", label="sampled tokens")
+        ax.set_xticks(list(x), [f"R={r['reuse']}" for r in sub])
+        ax.set_ylabel("per optimizer step, relative to R=1")
+        ax.set_title(f"{n}-token completions")
+        ax.legend(fontsize=8)
+    fig.suptitle("Rollout reuse on the tiny Qwen3 (CPU)")
     fig.tight_layout()
     fig.savefig(os.path.join(args.out, "reuse_benchmark.png"), dpi=120)
 
-    print(f"\ngeneration {gen:.3f} s/batch, training {train:.3f} s/step at R={base} (medians of {args.repeats})")
-    print(f"{'R':>3} {'tokens/step':>12} {'tok ratio':>10} {'s/step':>8} {'time ratio':>11} {'ideal':>7} {'staleness':>10}")
+    print(f"\n{'len':>4} {'R':>3} {'tokens/step':>12} {'tok ratio':>10} {'s/step':>8} {'time ratio':>11} {'ideal':>7} {'staleness':>10}")
     for r in rows:
         print(
-            f"{r['reuse']:>3} {r['generated_tokens_per_step']:12.1f} {r['tokens_ratio_to_R1']:10.3f} {r['s_per_step']:8.3f} "
-            f"{r['time_ratio_to_R1']:11.3f} {r['ideal_time_ratio']:7.3f} {r['mean_staleness']:10.2f}"
+            f"{r['completion_len']:>4} {r['reuse']:>3} {r['generated_tokens_per_step']:12.1f} {r['tokens_ratio_to_R1']:10.3f} "
+            f"{r['s_per_step']:8.3f} {r['time_ratio_to_R1']:11.3f} {r['ideal_time_ratio']:7.3f} {r['mean_staleness']:10.2f}"
         )
     print(f"wrote {os.path.join(args.out, 'reuse_benchmark.json')}")
 
