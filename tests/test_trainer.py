@@ -167,3 +167,15 @@ def test_diagnostics_can_be_switched_off_but_reuse_accounting_stays(make_trainer
     assert all("starvation/grad_throughput/pos" not in log for log in logs)
     assert [log["reuse/staleness_mean"] for log in logs] == [0, 1]
     assert logs[-1]["reuse/generated_tokens"] > 0
+
+
+def test_on_policy_respo_run_is_the_dapo_run(make_trainer):
+    """R=1: every ratio is exactly 1, so ReSPO's whole training run equals TRL dapo's, step for step."""
+    runs = {}
+    for loss_type in ("respo", "dapo"):
+        trainer = make_trainer(loss_type=loss_type, max_steps=3)
+        trainer.train()
+        runs[loss_type] = (snapshot(trainer.model), [log["loss"] for log in logged(trainer)])
+    for name, value in runs["respo"][0].items():
+        torch.testing.assert_close(value, runs["dapo"][0][name], rtol=1e-5, atol=1e-6, msg=name)
+    assert runs["respo"][1] == pytest.approx(runs["dapo"][1], rel=1e-5)
