@@ -251,7 +251,7 @@ def parse_args(argv: list[str] | None = None):
 
 def validate_args(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: ModelConfig) -> None:
     """Cheap checks with clear messages, before any model or dataset is loaded."""
-    from respo_trl.rewards import resolve_reward
+    from respo_trl.rewards import ACCURACY_REWARDS, resolve_reward
 
     if script_args.eval_mode not in EVAL_MODES:
         raise ValueError(f"eval_mode must be one of {EVAL_MODES}, got {script_args.eval_mode!r}")
@@ -259,6 +259,8 @@ def validate_args(script_args: RecipeArguments, training_args: ReSPOConfig, mode
         raise ValueError("set --model_name_or_path (e.g. Qwen/Qwen3-0.6B), --tiny_model dense|moe, or a --preset")
     if script_args.tiny_model is not None and script_args.tiny_model not in TINY_MODELS:
         raise ValueError(f"tiny_model must be one of {TINY_MODELS}, got {script_args.tiny_model!r}")
+    if script_args.tiny_model is not None and training_args.use_vllm:
+        raise ValueError("vLLM loads the model by name and cannot serve a --tiny_model built in memory; drop --use_vllm")
     if script_args.dataset_name.startswith(BUILTIN_PREFIX):
         task = script_args.dataset_name.removeprefix(BUILTIN_PREFIX)
         if task not in BUILTIN_TASKS:
@@ -273,14 +275,21 @@ def validate_args(script_args: RecipeArguments, training_args: ReSPOConfig, mode
             f"reward_weights has {len(weights)} values but reward_funcs has {len(script_args.reward_funcs)} "
             f"({script_args.reward_funcs})"
         )
+    if script_args.eval_mode != "none" and not set(script_args.reward_funcs) & set(ACCURACY_REWARDS):
+        raise ValueError(
+            f"held-out accuracy (eval_mode={script_args.eval_mode!r}) is graded by an accuracy reward: add one of "
+            f"{ACCURACY_REWARDS} to --reward_funcs, or pass --eval_mode none"
+        )
     if script_args.heldout_eval_steps and script_args.eval_mode != "greedy":
         raise ValueError("heldout_eval_steps needs eval_mode='greedy'; with 'sampled' use --eval_strategy steps")
-    if script_args.eval_mode == "sampled" and training_args.num_generations_eval is None:
-        pass  # TRL falls back to num_generations
-    check_batch_arithmetic(training_args, script_args.expected_num_processes or training_args.world_size)
+    check_batch_arithmetic(
+        training_args,
+        script_args.expected_num_processes or training_args.world_size,
+        sampled_eval=script_args.eval_mode == "sampled",
+    )
 
 
-def check_batch_arithmetic(args: ReSPOConfig, num_processes: int) -> dict:
+def check_batch_arithmetic(args: ReSPOConfig, num_processes: int, sampled_eval: bool = False) -> dict:
     """The batch sizes TRL derives for ``num_processes`` processes, or a ValueError naming what does not divide.
 
     ``GRPOConfig`` checks this for the world size it runs in; presets are checked here for the GPU count they were
@@ -297,13 +306,23 @@ def check_batch_arithmetic(args: ReSPOConfig, num_processes: int) -> dict:
             f"processes x {steps_per_generation} steps per generation) is not divisible by num_generations "
             f"{args.num_generations}"
         )
-    if args.do_eval and args.eval_strategy != "no":
-        eval_batch = args.per_device_eval_batch_size * num_processes
-        if eval_batch % (args.num_generations_eval or args.num_generations):
-            problems.append(
-                f"global eval batch {eval_batch} is not divisible by num_generations_eval "
-                f"{args.num_generations_eval or args.num_generations}"
-            )
+    if steps_per_generation % args.gradient_accumulation_steps:
+        problems.append(
+            f"steps_per_generation {steps_per_generation} is not a multiple of gradient_accumulation_steps "
+            f"{args.gradient_accumulation_steps}: an optimizer step would straddle two generation batches"
+        )
+    num_generations_eval = args.num_generations_eval or args.num_generations
+    if (sampled_eval or (args.do_eval and args.eval_strategy != "no")) and (
+        args.per_device_eval_batch_size * num_processes
+    ) % num_generations_eval:
+        problems.append(
+            f"global eval batch {args.per_device_eval_batch_size * num_processes} (per_device_eval_batch_size x "
+            f"processes) is not divisible by num_generations_eval {num_generations_eval}"
+        )
+    if args.use_vllm and args.vllm_mode == "colocate" and num_processes % args.vllm_tensor_parallel_size:
+        problems.append(
+            f"vllm_tensor_parallel_size {args.vllm_tensor_parallel_size} does not divide {num_processes} processes"
+        )
     if problems:
         raise ValueError(f"batch arithmetic for {num_processes} process(es): " + "; ".join(problems))
     return {
@@ -481,7 +500,7 @@ def build_datasets(script_args: RecipeArguments):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def greedy_accuracy(trainer, dataset, max_new_tokens: int, batch_size: int) -> dict:
+def greedy_accuracy(trainer, dataset, max_new_tokens: int, batch_size: int, reward_fn) -> dict:
     """Greedy held-out accuracy graded by the training accuracy reward, sharded over processes and summed."""
     import torch
     from trl.models import unwrap_model_for_generation
@@ -494,7 +513,7 @@ def greedy_accuracy(trainer, dataset, max_new_tokens: int, batch_size: int) -> d
         texts, lengths = generate(
             model, trainer.processing_class, shard["prompt"], max_new_tokens=max_new_tokens, batch_size=batch_size
         )
-    correct = grade(texts, shard["solution"], reward_fn=trainer.accuracy_reward) if texts else []
+    correct = grade(texts, shard["solution"], reward_fn) if texts else []
     local = torch.tensor([sum(correct), len(correct), sum(lengths)], dtype=torch.float64, device=accelerator.device)
     total = accelerator.reduce(local, "sum").tolist()
     return {
@@ -506,14 +525,26 @@ def greedy_accuracy(trainer, dataset, max_new_tokens: int, batch_size: int) -> d
 
 
 def sampled_accuracy(trainer, dataset, accuracy_name: str) -> dict:
+    """Mean accuracy reward of ``num_generations_eval`` samples per problem, from ``trainer.evaluate()``."""
     metrics = trainer.evaluate(eval_dataset=dataset)
     key = f"eval_rewards/{accuracy_name}/mean"
     if key not in metrics:
         raise RuntimeError(f"trainer.evaluate() returned no {key!r}; got {sorted(metrics)}")
-    return {"accuracy": metrics[key], "n": len(dataset), "metrics": metrics}
+    return {"accuracy": metrics[key], "n": len(dataset), "samples_per_problem": trainer.num_generations_eval}
 
 
-def make_callbacks(trainer, script_args, heldout, eval_tokens, report):
+def eval_curve_from_logs(log_history: list[dict], accuracy_name: str) -> list[dict]:
+    """Sampled mode: the ``eval_strategy`` evaluations as (step, generated tokens, accuracy) points."""
+    key, points, tokens = f"eval_rewards/{accuracy_name}/mean", [], 0
+    for log in log_history:
+        tokens = log.get("reuse/generated_tokens", tokens)
+        if key in log:
+            points.append({"step": log["step"], "generated_tokens": int(tokens), "accuracy": log[key]})
+    return points
+
+
+def make_callbacks(report: dict, curve_point=None, every: int = 0):
+    """A compact progress bar and, when ``every`` > 0, a held-out accuracy point every ``every`` steps."""
     from tqdm.auto import tqdm
     from transformers import TrainerCallback
 
@@ -533,38 +564,25 @@ def make_callbacks(trainer, script_args, heldout, eval_tokens, report):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if self.bar is None or not logs:
                 return
-            postfix = {}
+            postfix = dict(self.bar.postfix and [kv.split("=", 1) for kv in self.bar.postfix.split(", ")] or [])
             if "reward" in logs:
                 postfix["reward"] = f"{logs['reward']:.2f}"
             if "reuse/generated_tokens" in logs:
                 postfix["tokens"] = f"{logs['reuse/generated_tokens'] / 1e3:.0f}k"
             if report["curve"]:
                 postfix["held-out"] = f"{100 * report['curve'][-1]['accuracy']:.1f}%"
-            if postfix:
-                self.bar.set_postfix(postfix, refresh=False)
+            self.bar.set_postfix(postfix, refresh=False)
 
         def on_train_end(self, args, state, control, **kwargs):
             if self.bar is not None:
                 self.bar.close()
 
     class HeldoutCurve(TrainerCallback):
-        """Greedy held-out accuracy every ``heldout_eval_steps`` steps, against generated tokens."""
+        """Held-out accuracy every ``every`` optimizer steps, against generated tokens (all processes take part)."""
 
         def on_step_end(self, args, state, control, **kwargs):
-            every = script_args.heldout_eval_steps
             if every and state.global_step % every == 0 and state.global_step < state.max_steps:
-                subset = heldout
-                if script_args.heldout_curve_size:
-                    subset = heldout.select(range(min(script_args.heldout_curve_size, len(heldout))))
-                result = greedy_accuracy(trainer, subset, eval_tokens, script_args.eval_batch_size)
-                report["curve"].append(
-                    {
-                        "step": state.global_step,
-                        "generated_tokens": trainer.rollouts.generated_tokens,
-                        "accuracy": result["accuracy"],
-                        "n": result["n"],
-                    }
-                )
+                report["curve"].append(curve_point(state.global_step))
 
     return [CompactProgress(), HeldoutCurve()]
 
@@ -578,6 +596,7 @@ def print_summary(report: dict) -> None:
     rows = [
         ("model", report["model"]["name"] + f" ({report['model']['parameters'] / 1e6:.2f}M params)"),
         ("held-out set", f"{report['heldout']['dataset']} (n={report['heldout']['n']}, {report['heldout']['mode']})"),
+        ("warm-start demonstrations right", pct(report["warm_start"]["demonstration_accuracy"])),
         ("held-out accuracy before RL", pct(before)),
         ("held-out accuracy after RL", pct(after)),
         ("change", "n/a" if delta is None else f"{delta:+.1f} points"),
@@ -586,7 +605,7 @@ def print_summary(report: dict) -> None:
         ("rollout reuse R", str(report["training"]["respo_reuse"])),
         ("warm-start time", f"{report['time_s']['warm_start']:.0f} s"),
         ("RL time", f"{report['time_s']['train']:.0f} s"),
-        ("wall time", f"{report['time_s']['total']:.0f} s"),
+        ("wall time (this process)", f"{report['time_s']['total']:.0f} s"),
     ]
     width = max(len(k) for k, _ in rows)
     line = "+" + "-" * (width + 2) + "+" + "-" * 52 + "+"
@@ -607,13 +626,14 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
     import torch
     from accelerate import PartialState
     from accelerate.logging import get_logger
+    from tqdm.auto import tqdm
     from transformers import ProgressCallback, set_seed
     from trl import get_peft_config
 
     from respo_trl import ReSPOTrainer
     from respo_trl.plots import plot_run
-    from respo_trl.rewards import probe_rewards, resolve_reward, reward_name
-    from respo_trl.warmstart import supervised_warm_start
+    from respo_trl.rewards import ACCURACY_REWARDS, probe_rewards, resolve_reward, reward_name
+    from respo_trl.warmstart import grade, supervised_warm_start
 
     logger = get_logger(__name__)
     state = PartialState()
@@ -621,59 +641,54 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
     if script_args.expected_num_processes and script_args.expected_num_processes != world:
         logger.warning(
             f"this preset was sized for {script_args.expected_num_processes} processes "
-            f"({script_args.accelerate_config or 'see docs/recipes.md'}) but runs on {world}: the global batch is "
-            "scaled accordingly.",
+            f"({script_args.accelerate_config or 'see docs/recipes.md'}) but runs on {world}: the global batch "
+            "scales with the process count.",
             main_process_only=True,
         )
     resume = training_args.resume_from_checkpoint
     if isinstance(resume, str) and resume.lower() in ("true", "last"):
-        resume = True
+        resume = True  # the latest checkpoint in output_dir
     set_seed(training_args.seed)
 
-    # Rewards first: resolving is instant and a broken function should fail before any model is built.
+    # -- rewards: resolved first, so a bad name fails before anything is built ------------------------------------------
     reward_funcs = [resolve_reward(name) for name in script_args.reward_funcs]
-    accuracy_funcs = [f for name, f in zip(script_args.reward_funcs, reward_funcs) if name == "accuracy"]
+    accuracy_fn = next((f for n, f in zip(script_args.reward_funcs, reward_funcs) if n in ACCURACY_REWARDS), None)
 
-    # Model (config only for Hub models: weights are loaded by the trainer, sharded under ZeRO-3).
+    # -- model: built locally (tiny) or only its config read (Hub/local weights are loaded by the trainer) -------------
     if script_args.tiny_model:
         model, tokenizer = build_tiny(script_args, seed=training_args.seed)
-        moe_info = configure_moe(model.config, training_args, logger)
+        model_info = configure_moe(model.config, training_args, logger)
         model_name = model.config._name_or_path
-        parameters = sum(p.numel() for p in model.parameters())
     else:
         config = inspect_model(model_args, training_args)
-        moe_info = configure_moe(config, training_args, logger)
-        model_init_kwargs = dict(
+        model_info = configure_moe(config, training_args, logger)
+        init_kwargs = dict(
             revision=model_args.model_revision,
             trust_remote_code=training_args.trust_remote_code,
             attn_implementation=model_args.attn_implementation,
             dtype=model_args.dtype,
         )
-        training_args.model_init_kwargs = {**model_init_kwargs, **(training_args.model_init_kwargs or {})}
+        training_args.model_init_kwargs = {**init_kwargs, **(training_args.model_init_kwargs or {})}
         model, tokenizer, model_name = model_args.model_name_or_path, None, model_args.model_name_or_path
-        parameters = None
 
-    # Data, then the reward probe on real rows (clear errors before any generation).
+    # -- data, then every reward function probed on real rows (clear errors before any generation) ---------------------
     with state.main_process_first():
         train_dataset, heldout = build_datasets(script_args)
-    probe = train_dataset.select(range(min(8, len(train_dataset)))).to_dict()
-    probe_rewards(reward_funcs, probe, "solution", accuracy_funcs)
-    if heldout is not None:
-        probe_rewards(accuracy_funcs, heldout.select(range(min(8, len(heldout)))).to_dict(), "solution", accuracy_funcs)
     if script_args.eval_mode != "none" and heldout is None:
         raise ValueError("no held-out set: set --eval_dataset_name (e.g. HuggingFaceH4/MATH-500) or --eval_mode none")
-    if script_args.eval_mode != "none" and not accuracy_funcs:
-        raise ValueError("held-out accuracy needs the 'accuracy' reward in --reward_funcs (or --eval_mode none)")
+    probe_rewards(reward_funcs, train_dataset.select(range(min(8, len(train_dataset)))).to_dict(), "solution",
+                  accuracy_funcs=[accuracy_fn] if accuracy_fn else [])
+    if heldout is not None and accuracy_fn is not None:
+        probe_rewards([accuracy_fn], heldout.select(range(min(8, len(heldout)))).to_dict(), "solution",
+                      accuracy_funcs=[accuracy_fn])
 
-    # Warm start: a short supervised fine-tune on reference completions (the tiny preset), skipped when resuming.
-    warm_start_s, warm_losses = 0.0, []
+    # -- warm start: a short supervised fine-tune on reference completions (skipped when resuming) --------------------
+    warm_losses, warm_start_s, demo_accuracy = [], 0.0, None
     if script_args.warmstart_steps and not resume:
         if "completion" not in train_dataset.column_names:
             raise ValueError("--warmstart_steps needs a 'completion' column with reference answers in the dataset")
         if isinstance(model, str):
-            raise ValueError("--warmstart_steps is for locally built models (--tiny_model); use an SFT model instead")
-        from tqdm.auto import tqdm
-
+            raise ValueError("--warmstart_steps is for a model built here (--tiny_model); start from an SFT checkpoint")
         t0 = time.time()
         bar = tqdm(total=script_args.warmstart_steps, desc="warm start (SFT)", disable=not state.is_main_process)
 
@@ -696,35 +711,50 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
         )
         bar.close()
         warm_start_s = time.time() - t0
-    demo_accuracy = None
-    if "completion" in train_dataset.column_names:
-        if warm_losses and accuracy_funcs:  # how good the demonstrations the warm start imitated were
-            from respo_trl.warmstart import grade
-
+        if accuracy_fn is not None:  # how good the demonstrations the warm start imitated are
             sample = train_dataset.select(range(min(500, len(train_dataset))))
-            demo_accuracy = sum(grade(sample["completion"], sample["solution"], accuracy_funcs[0])) / len(sample)
-        train_dataset = train_dataset.remove_columns("completion")  # RL trains on prompts only
+            demo_accuracy = sum(grade(sample["completion"], sample["solution"], accuracy_fn)) / len(sample)
+    if "completion" in train_dataset.column_names:
+        train_dataset = train_dataset.remove_columns("completion")  # RL sees prompts and answers only
 
+    # -- trainer ---------------------------------------------------------------------------------------------------------
+    sampled = script_args.eval_mode == "sampled"
     trainer = ReSPOTrainer(
         model=model,
         reward_funcs=reward_funcs,
         args=training_args,
         train_dataset=train_dataset,
-        eval_dataset=heldout if script_args.eval_mode == "sampled" or training_args.eval_strategy != "no" else None,
+        eval_dataset=heldout if sampled or training_args.eval_strategy != "no" else None,
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
-    trainer.accuracy_reward = accuracy_funcs[0] if accuracy_funcs else None
-    if parameters is None:
-        parameters = sum(p.numel() for p in trainer.model.parameters())
     eval_tokens = script_args.eval_max_new_tokens or training_args.max_completion_length
+    curve_set = heldout
+    if heldout is not None and script_args.heldout_curve_size:
+        curve_set = heldout.select(range(min(script_args.heldout_curve_size, len(heldout))))
+
+    def heldout_accuracy(dataset):
+        if sampled:
+            return sampled_accuracy(trainer, dataset, reward_name(accuracy_fn))
+        return greedy_accuracy(trainer, dataset, eval_tokens, script_args.eval_batch_size, accuracy_fn)
+
+    def curve_point(step, dataset=curve_set):
+        result = heldout_accuracy(dataset)
+        tokens = trainer.rollouts.generated_tokens
+        return {"step": step, "generated_tokens": tokens, "accuracy": result["accuracy"], "n": result["n"]}
+
     report = {
         "preset": script_args.preset,
         "output_dir": training_args.output_dir,
-        "model": {"name": model_name, "parameters": parameters, **moe_info},
+        "model": {
+            "name": model_name,
+            "parameters": sum(p.numel() for p in trainer.model.parameters()),
+            **model_info,
+        },
         "task": script_args.dataset_name,
         "seed": training_args.seed,
         "num_processes": world,
+        "resumed_from": None if not resume else str(resume),
         "heldout": {
             "dataset": script_args.eval_dataset_name or f"{script_args.dataset_name} (test split)",
             "n": 0 if heldout is None else len(heldout),
@@ -741,49 +771,54 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
     }
     if script_args.compact_progress and not training_args.disable_tqdm:
         trainer.remove_callback(ProgressCallback)
-    for callback in make_callbacks(trainer, script_args, heldout, eval_tokens, report):
+    every = script_args.heldout_eval_steps if script_args.eval_mode == "greedy" else 0
+    for callback in make_callbacks(report, curve_point, every):
         trainer.add_callback(callback)
 
-    def heldout_accuracy():
-        if script_args.eval_mode == "greedy":
-            return greedy_accuracy(trainer, heldout, eval_tokens, script_args.eval_batch_size)
-        return sampled_accuracy(trainer, heldout, reward_name(accuracy_funcs[0]))
-
-    # Held-out accuracy before RL (not when resuming: the starting point was measured by the first run).
+    # -- held-out accuracy before RL (not when resuming: the first run measured the starting point) --------------------
     t0 = time.time()
     if script_args.eval_mode != "none" and not resume:
-        before = heldout_accuracy()
-        report["heldout"]["before"] = before["accuracy"]
-        report["heldout"]["before_detail"] = {k: v for k, v in before.items() if k != "metrics"}
+        before = heldout_accuracy(heldout)
+        report["heldout"]["before"], report["heldout"]["before_detail"] = before["accuracy"], before
         report["curve"].append({"step": 0, "generated_tokens": 0, "accuracy": before["accuracy"], "n": before["n"]})
         trainer.accelerator.print(f"held-out accuracy before RL: {100 * before['accuracy']:.1f}% (n={before['n']})")
     eval_s = time.time() - t0
 
+    # -- RL --------------------------------------------------------------------------------------------------------------
     t0 = time.time()
     train_result = trainer.train(resume_from_checkpoint=resume)
     train_s = time.time() - t0
 
+    # -- held-out accuracy after RL ----------------------------------------------------------------------------------
     t0 = time.time()
     if script_args.eval_mode != "none":
-        after = heldout_accuracy()
-        report["heldout"]["after"] = after["accuracy"]
-        report["heldout"]["after_detail"] = {k: v for k, v in after.items() if k != "metrics"}
-        report["curve"].append(
-            {
-                "step": trainer.state.global_step,
-                "generated_tokens": trainer.rollouts.generated_tokens,
-                "accuracy": after["accuracy"],
-                "n": after["n"],
-            }
-        )
+        if sampled:
+            logged = eval_curve_from_logs(trainer.state.log_history, reward_name(accuracy_fn))
+            report["curve"].extend(point for point in logged if point["step"] > 0)
+        last = report["curve"][-1] if report["curve"] else None
+        if sampled and last is not None and last["step"] == trainer.state.global_step and last["step"] > 0:
+            after = {"accuracy": last["accuracy"], "n": len(heldout), "from": "last eval_strategy evaluation"}
+        else:
+            after = heldout_accuracy(heldout)
+            report["curve"].append(
+                {
+                    "step": trainer.state.global_step,
+                    "generated_tokens": trainer.rollouts.generated_tokens,
+                    "accuracy": after["accuracy"],
+                    "n": after["n"],
+                }
+            )
+        report["heldout"]["after"], report["heldout"]["after_detail"] = after["accuracy"], after
     eval_s += time.time() - t0
 
+    # -- save, report, plots, push -------------------------------------------------------------------------------------
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json: the full log history the plots are drawn from
-    logs = [h for h in trainer.state.log_history if "reward" in h]
+    history = trainer.state.log_history
+    rewards = [h["reward"] for h in history if "reward" in h]
     throughput = {}
     for key in ("grad_throughput/pos", "grad_throughput/neg", "clip_grad_throughput/pos", "clip_grad_throughput/neg"):
-        values = [h.get(f"starvation/{key}") for h in trainer.state.log_history]
+        values = [h.get(f"starvation/{key}") for h in history]
         values = [v for v in values if v is not None and math.isfinite(v)]
         throughput[key] = sum(values) / len(values) if values else None
     report["training"] = {
@@ -791,25 +826,21 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
         "generated_tokens": trainer.rollouts.generated_tokens,
         "respo_reuse": training_args.respo_reuse,
         "loss_type": training_args.loss_type,
-        "reward_first": logs[0]["reward"] if logs else None,
-        "reward_last": logs[-1]["reward"] if logs else None,
+        "learning_rate": training_args.learning_rate,
+        "reward_first": rewards[0] if rewards else None,
+        "reward_last": rewards[-1] if rewards else None,
         "mean_grad_throughput": throughput,
         "train_runtime_s": train_result.metrics.get("train_runtime"),
-        "batch": check_batch_arithmetic(training_args, world),
+        "batch": check_batch_arithmetic(training_args, world, sampled_eval=sampled),
     }
-    report["time_s"] = {
-        "warm_start": warm_start_s,
-        "train": train_s,
-        "heldout_eval": eval_s,
-        "total": time.time() - start,
-    }
+    report["time_s"] = {"warm_start": warm_start_s, "train": train_s, "heldout_eval": eval_s}
     report["args"] = {"script": asdict(script_args), "model": asdict(model_args)}
     if trainer.accelerator.is_main_process:
         report["plots"] = plot_run(
-            trainer.state.log_history,
+            history,
             report["curve"],
             training_args.output_dir,
-            title=f"{model_name}, ReSPO R={training_args.respo_reuse}, seed {training_args.seed}",
+            title=f"{model_name}, {training_args.loss_type} R={training_args.respo_reuse}, seed {training_args.seed}",
             accuracy_label=f"held-out accuracy, {script_args.eval_mode}",
             loss_name=training_args.loss_type,
         )

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 # Text after the last closing think tag is the visible answer of a reasoning model (Qwen3 thinking mode).
-_THINK_CLOSE = "</think>"
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _BOXED = "\\boxed{"
 
 
@@ -37,12 +37,16 @@ def _boxed_contents(text: str) -> list[str | None]:
 def boxed_format_reward(completions: list[list[dict[str, str]]], **kwargs) -> list[float]:
     r"""1.0 when the answer part of a completion holds exactly one well-formed, non-empty ``\boxed{...}``, else 0.0.
 
-    The answer part is the text after the last ``</think>`` when the model thinks (Qwen3), the whole text otherwise.
-    A truncated completion (braces never closed) or one that boxes several answers scores 0.
+    The answer part is the text after the last ``</think>`` when the model thinks (Qwen3), the whole text otherwise;
+    a completion that opens ``<think>`` and never closes it (truncated reasoning) scores 0, and so does one whose braces
+    never close or that boxes several answers.
     """
     rewards = []
     for completion in completions:
         text = completion[0]["content"] if isinstance(completion, list) else completion
+        if _THINK_OPEN in text and _THINK_CLOSE not in text:
+            rewards.append(0.0)
+            continue
         answer = text.rsplit(_THINK_CLOSE, 1)[-1]
         boxes = _boxed_contents(answer)
         rewards.append(1.0 if len(boxes) == 1 and boxes[0] is not None and boxes[0].strip() else 0.0)
@@ -55,6 +59,12 @@ def _accuracy_reward():
     return accuracy_reward
 
 
+def _reasoning_accuracy_reward():
+    from trl.rewards import reasoning_accuracy_reward
+
+    return reasoning_accuracy_reward
+
+
 def _think_format_reward():
     from trl.rewards import think_format_reward
 
@@ -62,8 +72,11 @@ def _think_format_reward():
 
 
 # Names accepted by the recipe's ``--reward_funcs``; a dotted path ``package.module.function`` also works.
+# ``reasoning_accuracy`` (TRL) grades only the text after ``</think>``: stricter than ``accuracy`` for thinking models,
+# which also credits a box written inside unfinished reasoning.
 REWARD_FUNCS: dict[str, Callable[[], Callable]] = {
     "accuracy": _accuracy_reward,
+    "reasoning_accuracy": _reasoning_accuracy_reward,
     "format": lambda: boxed_format_reward,
     "think_format": _think_format_reward,
 }
@@ -108,7 +121,8 @@ def probe_rewards(
     that math-verify cannot parse (all ``None``/0) is reported here rather than as a flat zero reward after hours.
     """
     answers = [str(a) for a in rows[answer_column]]
-    completions = [[{"role": "assistant", "content": f"\\boxed{{{a}}}"}] for a in answers]
+    # A reference completion in the shape of a thinking model's answer, accepted by every built-in reward.
+    completions = [[{"role": "assistant", "content": f"<think>\nprobe\n</think>\n\n\\boxed{{{a}}}"}] for a in answers]
     kwargs = {key: value for key, value in rows.items() if key not in ("completion", "completions")}
     for function in reward_funcs:
         name = reward_name(function)
@@ -148,7 +162,10 @@ def find_boxed_answer(text: str) -> str | None:
     return boxes[-1] if boxes else None
 
 
+ACCURACY_REWARDS = ("accuracy", "reasoning_accuracy")  # the ones held-out accuracy can be measured with
+
 __all__ = [
+    "ACCURACY_REWARDS",
     "REWARD_FUNCS",
     "boxed_format_reward",
     "find_boxed_answer",
