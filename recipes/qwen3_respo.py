@@ -207,7 +207,8 @@ def available_presets() -> list[str]:
 
 
 def resolve_argv(argv: list[str]) -> list[str]:
-    """Turn ``--preset NAME`` into ``--config <path>``; with no config and no model, use the embedded default."""
+    """Turn ``--preset NAME`` into ``--config <path>``; with no config and no --model_name_or_path, use the embedded
+    default (so ``--seed 1`` or ``--tiny_model moe`` alone are overrides of tiny_cpu.yaml)."""
     argv = list(argv)
     matches = [i for i, a in enumerate(argv) if a == "--preset" or a.startswith("--preset=")]
     if matches:
@@ -232,7 +233,7 @@ def resolve_argv(argv: list[str]) -> list[str]:
         if config is None or not Path(config).is_file():
             raise SystemExit(f"--config {config!r} is not a file; presets: {', '.join(available_presets())}")
         return argv
-    if not any(a.split("=", 1)[0] in ("--model_name_or_path", "--tiny_model") for a in argv):
+    if not any(a.split("=", 1)[0] == "--model_name_or_path" for a in argv):
         return ["--config", str(CONFIGS_DIR / f"{DEFAULT_PRESET}.yaml"), "--preset", DEFAULT_PRESET, *argv]
     return argv
 
@@ -754,6 +755,7 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
         "task": script_args.dataset_name,
         "seed": training_args.seed,
         "num_processes": world,
+        "distributed_type": trainer.accelerator.distributed_type.value,
         "resumed_from": None if not resume else str(resume),
         "heldout": {
             "dataset": script_args.eval_dataset_name or f"{script_args.dataset_name} (test split)",

@@ -81,13 +81,15 @@ def plot_run(
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for key, label, color, style in THROUGHPUT_KEYS:
         steps, _, values = train_series(log_history, key)
-        if steps:
-            ax.plot(steps, values, linestyle=style, color=color, label=label.format(loss=loss_name))
+        points = [(x, y) for x, y in zip(steps, values) if y is not None]  # None: no sequence of that sign
+        if points:
+            ax.plot(*zip(*points), linestyle=style, color=color, label=label.format(loss=loss_name))
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("gradient throughput (1 = on-policy)")
     ax.set_title("gradient throughput by advantage sign")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(os.path.join(output_dir, "grad_throughput.png"))
     fig.savefig(paths[-1], dpi=110)
