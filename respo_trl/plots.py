@@ -64,7 +64,10 @@ def plot_run(
     if tokens:
         ax_rew.plot(tokens, reward, color="tab:orange", alpha=0.35, label="per step")
         window = max(1, len(reward) // 20)
-        smooth = [sum(reward[max(0, i - window + 1) : i + 1]) / len(reward[max(0, i - window + 1) : i + 1]) for i in range(len(reward))]
+        smooth = [
+            sum(reward[max(0, i - window + 1) : i + 1]) / len(reward[max(0, i - window + 1) : i + 1])
+            for i in range(len(reward))
+        ]
         ax_rew.plot(tokens, smooth, color="tab:orange", label=f"moving mean ({window})")
         ax_rew.legend(loc="lower right")
     ax_rew.set_xlabel("generated tokens (sampling compute)")

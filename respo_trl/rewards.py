@@ -38,8 +38,8 @@ def boxed_format_reward(completions: list[list[dict[str, str]]], **kwargs) -> li
     r"""1.0 when the answer part of a completion holds exactly one well-formed, non-empty ``\boxed{...}``, else 0.0.
 
     The answer part is the text after the last ``</think>`` when the model thinks (Qwen3), the whole text otherwise;
-    a completion that opens ``<think>`` and never closes it (truncated reasoning) scores 0, and so does one whose braces
-    never close or that boxes several answers.
+    a completion that opens ``<think>`` and never closes it (truncated reasoning) scores 0, and so does one whose
+    braces never close or that boxes several answers.
     """
     rewards = []
     for completion in completions:

@@ -111,9 +111,9 @@ class ArithmeticTask:
                 lhs = f"{value}{lhs[op_index:]}"
             first, op, second = self._split(lhs)
             new = first + second if op == "+" else first - second
-            if self.teacher_error_rate and rng is not None and self.crosses_ten(first, new):
-                if rng.random() < self.teacher_error_rate:
-                    new = 10 * (first // 10) + new % 10
+            forgets = self.teacher_error_rate and rng is not None and self.crosses_ten(first, new)
+            if forgets and rng.random() < self.teacher_error_rate:
+                new = 10 * (first // 10) + new % 10
             parts.append(f"{lhs}={new}")
             value = new
         return ",".join(parts) + f" \\boxed{{{value}}}"

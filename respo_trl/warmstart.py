@@ -126,7 +126,7 @@ def generate(
             for row, ids in enumerate(chunk):
                 input_ids[row, width - len(ids) :] = torch.tensor(ids)
                 attention[row, width - len(ids) :] = 1
-            kwargs = dict(do_sample=do_sample, max_new_tokens=max_new_tokens)
+            kwargs = {"do_sample": do_sample, "max_new_tokens": max_new_tokens}
             kwargs.update(temperature=temperature, top_p=1.0, top_k=0) if do_sample else kwargs.update(
                 temperature=None, top_p=None, top_k=None
             )

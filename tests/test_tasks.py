@@ -1,4 +1,8 @@
-"""The built-in arithmetic task (respo_trl.tasks), the warm-start helpers and the recipe rewards (respo_trl.rewards)."""
+"""The built-in arithmetic task (respo_trl.tasks), the warm-start helpers and the recipes' rewards (respo_trl.rewards).
+
+The task is what the embedded default of recipes/qwen3_respo.py learns; these tests pin its correctness (answers,
+disjoint splits, the imperfect teacher) so that the demo's numbers mean what docs/recipes.md says they mean.
+"""
 
 import random
 
@@ -49,13 +53,13 @@ def test_small_space_raises_instead_of_looping():
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        (dict(min_terms=1), "min_terms"),
-        (dict(min_terms=4, max_terms=3), "min_terms"),
-        (dict(max_operand=0), "max_operand"),
-        (dict(test_fraction=1.0), "test_fraction"),
-        (dict(operators="*"), "operators"),
-        (dict(teacher_error_rate=1.5, operators="+"), "teacher_error_rate"),
-        (dict(teacher_error_rate=0.5), "operators='\\+'"),
+        ({"min_terms": 1}, "min_terms"),
+        ({"min_terms": 4, "max_terms": 3}, "min_terms"),
+        ({"max_operand": 0}, "max_operand"),
+        ({"test_fraction": 1.0}, "test_fraction"),
+        ({"operators": "*"}, "operators"),
+        ({"teacher_error_rate": 1.5, "operators": "+"}, "teacher_error_rate"),
+        ({"teacher_error_rate": 0.5}, "operators='\\+'"),
     ],
 )
 def test_bad_task_settings_are_rejected(kwargs, match):
@@ -119,7 +123,7 @@ def test_supervised_warm_start_learns_and_is_seeded(tokenizer):
     assert sum(grade(texts, rows["solution"])) >= 6  # memorised most of its 12 training problems
 
 
-# -- rewards ------------------------------------------------------------------------------------------------------------
+# -- rewards ----------------------------------------------------------------------------------------------------------
 
 
 def test_boxed_format_reward():
