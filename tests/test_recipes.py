@@ -255,6 +255,15 @@ def test_tiny_default_runs_end_to_end_and_resumes_with_its_rollout_buffer(recipe
     assert resumed["resumed_from"].endswith("checkpoint-2") and resumed["heldout"]["before"] is None
     assert resumed["warm_start"]["steps"] == 0 and resumed["training"]["global_step"] == 4
     assert resumed["training"]["generated_tokens"] == report["training"]["generated_tokens"]
+    # `--resume_from_checkpoint true` picks the latest checkpoint (step 4) and continues to a new max_steps: step 5
+    # samples a fresh generation batch (every R=4 steps), step 6 reuses it.
+    latest = run_recipe(
+        recipe, tmp_path, "--max_steps", "6", "--save_strategy", "no", "--resume_from_checkpoint", "true"
+    )
+    assert latest["resumed_from"] == "True" and latest["training"]["global_step"] == 6
+    assert latest["training"]["generated_tokens"] > report["training"]["generated_tokens"]
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert [h["reuse/staleness_max"] for h in history if "reuse/staleness_max" in h][-2:] == [0, 1]
 
 
 def test_moe_tiny_model_trains_with_the_router_loss(recipe, tmp_path):
