@@ -1,0 +1,100 @@
+"""Plots of a training run from the trainer's log history: what the recipe writes next to ``report.json``.
+
+Why against *generated tokens*: rollout reuse exists to save sampling compute, so progress is plotted against the
+completion tokens sampled so far (``reuse/generated_tokens``), not against optimizer steps. The gradient-throughput
+panel shows, per advantage sign, how much of the on-policy gradient the loss let through
+(``starvation/grad_throughput/{pos,neg}``) next to TRL's clipped loss on the same batches
+(``starvation/clip_grad_throughput/{pos,neg}``): sign-dependent starvation, visible on every step.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+TOKENS_KEY = "reuse/generated_tokens"
+THROUGHPUT_KEYS = (
+    ("starvation/grad_throughput/pos", "{loss}, A>0", "tab:green", "-"),
+    ("starvation/grad_throughput/neg", "{loss}, A<0", "tab:red", "-"),
+    ("starvation/clip_grad_throughput/pos", "clipped (dapo), A>0", "tab:green", ":"),
+    ("starvation/clip_grad_throughput/neg", "clipped (dapo), A<0", "tab:red", ":"),
+)
+
+
+def train_series(log_history: Sequence[dict], key: str) -> tuple[list[float], list[float], list[float]]:
+    """(steps, generated tokens, values) of ``key`` over the training logs that carry it."""
+    steps, tokens, values = [], [], []
+    for log in log_history:
+        if key in log and TOKENS_KEY in log:
+            steps.append(log.get("step", len(steps)))
+            tokens.append(log[TOKENS_KEY])
+            values.append(log[key])
+    return steps, tokens, values
+
+
+def plot_run(
+    log_history: Sequence[dict],
+    accuracy_curve: Sequence[dict],
+    output_dir: str,
+    title: str = "",
+    accuracy_label: str = "held-out accuracy",
+    loss_name: str = "loss",
+) -> list[str]:
+    """Write ``accuracy_reward_vs_tokens.png`` and ``grad_throughput.png`` into ``output_dir``; return the paths.
+
+    ``accuracy_curve`` holds ``{"generated_tokens": ..., "accuracy": ...}`` points (before training at 0 tokens).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(output_dir, exist_ok=True)
+    paths = []
+
+    fig, (ax_acc, ax_rew) = plt.subplots(1, 2, figsize=(11, 4))
+    if accuracy_curve:
+        xs = [p["generated_tokens"] for p in accuracy_curve]
+        ax_acc.plot(xs, [100 * p["accuracy"] for p in accuracy_curve], "o-", color="tab:blue")
+    ax_acc.set_xlabel("generated tokens (sampling compute)")
+    ax_acc.set_ylabel(f"{accuracy_label} (%)")
+    ax_acc.set_title("held-out accuracy")
+    ax_acc.grid(alpha=0.3)
+    _, tokens, reward = train_series(log_history, "reward")
+    if tokens:
+        ax_rew.plot(tokens, reward, color="tab:orange", alpha=0.35, label="per step")
+        window = max(1, len(reward) // 20)
+        smooth = [
+            sum(reward[max(0, i - window + 1) : i + 1]) / len(reward[max(0, i - window + 1) : i + 1])
+            for i in range(len(reward))
+        ]
+        ax_rew.plot(tokens, smooth, color="tab:orange", label=f"moving mean ({window})")
+        ax_rew.legend(loc="lower right")
+    ax_rew.set_xlabel("generated tokens (sampling compute)")
+    ax_rew.set_ylabel("mean training reward")
+    ax_rew.set_title("training reward")
+    ax_rew.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    paths.append(os.path.join(output_dir, "accuracy_reward_vs_tokens.png"))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for key, label, color, style in THROUGHPUT_KEYS:
+        steps, _, values = train_series(log_history, key)
+        points = [(x, y) for x, y in zip(steps, values) if y is not None]  # None: no sequence of that sign
+        if points:
+            ax.plot(*zip(*points), linestyle=style, color=color, label=label.format(loss=loss_name))
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("gradient throughput (1 = on-policy)")
+    ax.set_title("gradient throughput by advantage sign")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(os.path.join(output_dir, "grad_throughput.png"))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,175 @@
+"""Reward functions for the recipes, resolved by name, and a pre-flight probe that runs them before any compute.
+
+Why: a reward function that raises, or an answer column that math-verify cannot parse, otherwise surfaces after the
+model is loaded and the first batch is generated (minutes to hours on a real preset). :func:`probe_rewards` calls
+every reward function on a handful of dataset rows with a synthetic "reference" completion (``\\boxed{answer}``)
+and fails with a message that names the function and the column.
+
+Accuracy is TRL's own ``trl.rewards.accuracy_reward`` (math-verify), so the recipes are graded exactly like TRL's
+GRPO examples. The format reward is ours: it checks the final-answer convention the accuracy reward relies on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+# Text after the last closing think tag is the visible answer of a reasoning model (Qwen3 thinking mode).
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+_BOXED = "\\boxed{"
+
+
+def _boxed_contents(text: str) -> list[str | None]:
+    """Contents of every ``\\boxed{...}`` in ``text`` (``None`` for one whose braces never close)."""
+    out, start = [], 0
+    while (index := text.find(_BOXED, start)) != -1:
+        depth, position = 1, index + len(_BOXED)
+        while position < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[position], 0)
+            position += 1
+        out.append(text[index + len(_BOXED) : position - 1] if depth == 0 else None)
+        start = position
+    return out
+
+
+def boxed_format_reward(completions: list[list[dict[str, str]]], **kwargs) -> list[float]:
+    r"""1.0 when the answer part of a completion holds exactly one well-formed, non-empty ``\boxed{...}``, else 0.0.
+
+    The answer part is the text after the last ``</think>`` when the model thinks (Qwen3), the whole text otherwise;
+    a completion that opens ``<think>`` and never closes it (truncated reasoning) scores 0, and so does one whose
+    braces never close or that boxes several answers.
+    """
+    rewards = []
+    for completion in completions:
+        text = completion[0]["content"] if isinstance(completion, list) else completion
+        if _THINK_OPEN in text and _THINK_CLOSE not in text:
+            rewards.append(0.0)
+            continue
+        answer = text.rsplit(_THINK_CLOSE, 1)[-1]
+        boxes = _boxed_contents(answer)
+        rewards.append(1.0 if len(boxes) == 1 and boxes[0] is not None and boxes[0].strip() else 0.0)
+    return rewards
+
+
+def _accuracy_reward():
+    from trl.rewards import accuracy_reward
+
+    return accuracy_reward
+
+
+def _reasoning_accuracy_reward():
+    from trl.rewards import reasoning_accuracy_reward
+
+    return reasoning_accuracy_reward
+
+
+def _think_format_reward():
+    from trl.rewards import think_format_reward
+
+    return think_format_reward
+
+
+# Names accepted by the recipe's ``--reward_funcs``; a dotted path ``package.module.function`` also works.
+# ``reasoning_accuracy`` (TRL) grades only the text after ``</think>``: stricter than ``accuracy`` for thinking models,
+# which also credits a box written inside unfinished reasoning.
+REWARD_FUNCS: dict[str, Callable[[], Callable]] = {
+    "accuracy": _accuracy_reward,
+    "reasoning_accuracy": _reasoning_accuracy_reward,
+    "format": lambda: boxed_format_reward,
+    "think_format": _think_format_reward,
+}
+
+
+def resolve_reward(name: str) -> Callable:
+    """A reward function from a registry name or a dotted import path; a clear ``ValueError`` otherwise."""
+    if name in REWARD_FUNCS:
+        return REWARD_FUNCS[name]()
+    if "." in name:
+        module_path, attribute = name.rsplit(".", 1)
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(module_path)
+        except ImportError as error:
+            raise ValueError(f"reward function {name!r}: cannot import module {module_path!r} ({error})") from error
+        function = getattr(module, attribute, None)
+        if not callable(function):
+            raise ValueError(f"reward function {name!r}: module {module_path!r} has no callable {attribute!r}")
+        return function
+    raise ValueError(
+        f"unknown reward function {name!r}: use one of {sorted(REWARD_FUNCS)} or a dotted import path "
+        "such as 'my_package.rewards.my_reward'"
+    )
+
+
+def reward_name(function: Callable) -> str:
+    return getattr(function, "__name__", type(function).__name__)
+
+
+def probe_rewards(
+    reward_funcs: Sequence[Callable],
+    rows: dict[str, list],
+    answer_column: str = "solution",
+    accuracy_funcs: Sequence[Callable] = (),
+) -> None:
+    """Call every reward function on ``rows`` with reference completions ``\\boxed{answer}``; raise on failure.
+
+    ``rows`` holds the columns TRL passes to reward functions (``prompt``, ``solution``, ...). Functions in
+    ``accuracy_funcs`` must additionally score the reference completion 1.0 on at least half the rows: an answer column
+    that math-verify cannot parse (all ``None``/0) is reported here rather than as a flat zero reward after hours.
+    """
+    answers = [str(a) for a in rows[answer_column]]
+    # A reference completion in the shape of a thinking model's answer, accepted by every built-in reward.
+    completions = [[{"role": "assistant", "content": f"<think>\nprobe\n</think>\n\n\\boxed{{{a}}}"}] for a in answers]
+    kwargs = {key: value for key, value in rows.items() if key not in ("completion", "completions")}
+    for function in reward_funcs:
+        name = reward_name(function)
+        try:
+            scores = function(
+                prompts=rows.get("prompt"),
+                completions=completions,
+                completion_ids=[[0]] * len(completions),
+                trainer_state=None,
+                log_extra=None,
+                log_metric=None,
+                **kwargs,
+            )
+        except Exception as error:
+            raise RuntimeError(
+                f"reward function {name!r} raised {type(error).__name__} on {len(answers)} probe rows of the training "
+                f"set before training started: {error}"
+            ) from error
+        if scores is None or len(scores) != len(answers):
+            got = "None" if scores is None else f"{len(scores)} scores"
+            raise RuntimeError(f"reward function {name!r} must return one score per completion: got {got}")
+        if function in accuracy_funcs:
+            hits = sum(1 for s in scores if s is not None and s >= 1.0)
+            if hits * 2 < len(answers):
+                unparsed = sum(1 for s in scores if s is None)
+                raise RuntimeError(
+                    f"reward function {name!r} scored only {hits}/{len(answers)} reference answers "
+                    f"(\\boxed{{<{answer_column}>}}) as correct ({unparsed} unparseable gold answers). Is "
+                    f"--answer_column={answer_column!r} the column with the final answers? Examples: "
+                    f"{[a[:40] for a in answers[:3]]}"
+                )
+
+
+def find_boxed_answer(text: str) -> str | None:
+    """The content of the last complete ``\\boxed{...}`` (for logs and reports)."""
+    boxes = [b for b in _boxed_contents(text) if b is not None]
+    return boxes[-1] if boxes else None
+
+
+ACCURACY_REWARDS = ("accuracy", "reasoning_accuracy")  # the ones held-out accuracy can be measured with
+
+__all__ = [
+    "ACCURACY_REWARDS",
+    "REWARD_FUNCS",
+    "boxed_format_reward",
+    "find_boxed_answer",
+    "probe_rewards",
+    "resolve_reward",
+    "reward_name",
+]

@@ -1,0 +1,165 @@
+"""A built-in verifiable task: multi-step integer arithmetic with the final answer in ``\\boxed{}``.
+
+Why it exists: the embedded default of ``recipes/qwen3_respo.py`` must show RL from verifiable rewards working on a
+CPU in minutes with nothing downloaded. The task is graded by exactly the same ``math-verify`` check as real math
+data (``trl.rewards.accuracy_reward`` against the ``solution`` column), so the tiny demo exercises the reward path of
+the real presets.
+
+A problem is a chain of ``num_terms`` operands joined by ``+``/``-`` (for example ``47-8+25``). The reference
+completion works left to right, one partial result per step, then boxes the answer::
+
+    prompt:      47-8+25
+    completion:  47-8=39,39+25=64 \\boxed{64}
+
+The split is by the expression string itself (a CRC32 hash bucket), so the train and held-out sets are disjoint by
+construction, for any seed and any size, on every process.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass
+
+SPLITS = ("train", "test")
+
+
+@dataclass(frozen=True)
+class ArithmeticTask:
+    """Generator of ``+``/``-`` chains. All fields are plain numbers so the task is fully described by its config."""
+
+    min_terms: int = 3
+    max_terms: int = 4
+    max_operand: int = 99
+    test_fraction: float = 0.1  # share of the expression space reserved for the held-out split (hash buckets)
+    scratchpad: bool = True  # reference completions show the partial results before the boxed answer
+    operators: str = "+-"  # operators drawn between operands ("+" for addition chains)
+    # Probability that the *reference* completion forgets a carry (keeps the tens digit of the previous partial sum) on
+    # a step that needs one. 0 = a perfect teacher. The ``solution`` column is always the true answer.
+    teacher_error_rate: float = 0.0
+
+    def __post_init__(self):
+        if not 2 <= self.min_terms <= self.max_terms:
+            raise ValueError(f"need 2 <= min_terms <= max_terms, got {self.min_terms}, {self.max_terms}")
+        if self.max_operand < 1:
+            raise ValueError(f"max_operand must be >= 1, got {self.max_operand}")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        if not 0.0 <= self.teacher_error_rate <= 1.0:
+            raise ValueError(f"teacher_error_rate must be in [0, 1], got {self.teacher_error_rate}")
+        if not self.operators or set(self.operators) - set("+-"):
+            raise ValueError(f"operators must be a non-empty combination of '+' and '-', got {self.operators!r}")
+        if self.teacher_error_rate and not (self.operators == "+" and self.scratchpad):
+            raise ValueError("teacher_error_rate needs operators='+' and scratchpad=True (carries are made per step)")
+
+    # -- one problem ---------------------------------------------------------------------------------------------
+
+    def split_of(self, expression: str) -> str:
+        """``"test"`` for the hash buckets reserved to the held-out split, ``"train"`` otherwise."""
+        bucket = zlib.crc32(expression.encode()) % 10_000
+        return "test" if bucket < self.test_fraction * 10_000 else "train"
+
+    def sample_expression(self, rng: random.Random) -> str:
+        terms = rng.randint(self.min_terms, self.max_terms)
+        expression = str(rng.randint(0, self.max_operand))
+        for _ in range(terms - 1):
+            expression += rng.choice(self.operators) + str(rng.randint(0, self.max_operand))
+        return expression
+
+    @staticmethod
+    def crosses_ten(previous: int, new: int) -> bool:
+        """Whether an addition step from ``previous`` to ``new`` (both >= 0) needs a carry."""
+        return previous // 10 != new // 10
+
+    @staticmethod
+    def steps(expression: str) -> list[tuple[str, int]]:
+        """Left-to-right partial results: ``[("47-8", 39), ("39+25", 64)]`` for ``47-8+25``."""
+        tokens, number = [], ""
+        for char in expression:
+            if char in "+-" and number:
+                tokens.append(int(number))
+                tokens.append(char)
+                number = ""
+            else:
+                number += char
+        tokens.append(int(number))
+        value, out = tokens[0], []
+        for op, operand in zip(tokens[1::2], tokens[2::2]):
+            new = value + operand if op == "+" else value - operand
+            out.append((f"{value}{op}{operand}", new))
+            value = new
+        return out
+
+    @classmethod
+    def answer(cls, expression: str) -> int:
+        return cls.steps(expression)[-1][1]
+
+    def completion(self, expression: str, rng: random.Random | None = None) -> str:
+        """The reference (teacher) completion used by the warm start.
+
+        With ``teacher_error_rate > 0`` (and an ``rng``) the teacher forgets each needed carry with that probability:
+        it writes the previous partial sum's tens digit with the new units digit (``17+5=12``), carries on correctly
+        from its own wrong partial sum, and boxes what it got.
+        """
+        steps = self.steps(expression)
+        if not self.scratchpad:
+            return f"\\boxed{{{steps[-1][1]}}}"
+        parts, value = [], None
+        for lhs, _ in steps:
+            if value is not None:
+                op_index = max(lhs.rfind("+", 1), lhs.rfind("-", 1))
+                lhs = f"{value}{lhs[op_index:]}"
+            first, op, second = self._split(lhs)
+            new = first + second if op == "+" else first - second
+            forgets = self.teacher_error_rate and rng is not None and self.crosses_ten(first, new)
+            if forgets and rng.random() < self.teacher_error_rate:
+                new = 10 * (first // 10) + new % 10
+            parts.append(f"{lhs}={new}")
+            value = new
+        return ",".join(parts) + f" \\boxed{{{value}}}"
+
+    @staticmethod
+    def _split(lhs: str) -> tuple[int, str, int]:
+        index = max(lhs.rfind("+", 1), lhs.rfind("-", 1))
+        return int(lhs[:index]), lhs[index], int(lhs[index + 1 :])
+
+    # -- datasets --------------------------------------------------------------------------------------------------
+
+    def expressions(self, split: str, n: int, seed: int) -> list[str]:
+        """``n`` distinct expressions of ``split``, deterministic in ``seed``."""
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        rng = random.Random(f"{split}-{seed}")
+        out, seen = [], set()
+        attempts = 0
+        while len(out) < n:
+            attempts += 1
+            if attempts > 100 * n + 10_000:
+                raise ValueError(f"could not draw {n} distinct {split} expressions: the task's space is too small")
+            expression = self.sample_expression(rng)
+            if expression in seen or self.split_of(expression) != split:
+                continue
+            seen.add(expression)
+            out.append(expression)
+        return out
+
+    def rows(self, split: str, n: int, seed: int) -> dict[str, list]:
+        """Columns for ``datasets.Dataset.from_dict``: a conversational ``prompt``, ``solution`` and ``completion``."""
+        expressions = self.expressions(split, n, seed)
+        teacher = random.Random(f"teacher-{split}-{seed}")
+        return {
+            "prompt": [[{"role": "user", "content": e}] for e in expressions],
+            "solution": [str(self.answer(e)) for e in expressions],
+            "completion": [self.completion(e, teacher) for e in expressions],
+        }
+
+    def teacher_accuracy(self, split: str, n: int, seed: int) -> float:
+        """Share of the reference completions of ``rows(split, n, seed)`` whose boxed answer is right."""
+        rows = self.rows(split, n, seed)
+        right = sum(c.endswith(f"\\boxed{{{a}}}") for c, a in zip(rows["completion"], rows["solution"]))
+        return right / n
+
+    def dataset(self, split: str, n: int, seed: int):
+        from datasets import Dataset
+
+        return Dataset.from_dict(self.rows(split, n, seed))

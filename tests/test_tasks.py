@@ -1,0 +1,172 @@
+"""The built-in arithmetic task (respo_trl.tasks), the warm-start helpers and the recipes' rewards (respo_trl.rewards).
+
+The task is what the embedded default of recipes/qwen3_respo.py learns; these tests pin its correctness (answers,
+disjoint splits, the imperfect teacher) so that the demo's numbers mean what docs/recipes.md says they mean.
+"""
+
+import random
+
+import pytest
+
+from respo_trl.tasks import ArithmeticTask
+
+
+def brute_force_answer(expression):
+    return eval(expression)  # only digits, '+' and '-' (generated here)
+
+
+@pytest.mark.parametrize("operators", ["+-", "+"])
+def test_answers_and_steps_are_right(operators):
+    task = ArithmeticTask(min_terms=2, max_terms=6, max_operand=99, operators=operators)
+    rng = random.Random(0)
+    for _ in range(500):
+        expression = task.sample_expression(rng)
+        assert set(expression) <= set("0123456789" + operators)
+        assert task.answer(expression) == brute_force_answer(expression)
+        steps = task.steps(expression)
+        assert len(steps) == expression.count("+") + expression.count("-")
+        for lhs, value in steps:
+            assert brute_force_answer(lhs) == value
+
+
+def test_splits_are_disjoint_deterministic_and_distinct():
+    task = ArithmeticTask()
+    for seed in (0, 1):
+        train = task.expressions("train", 3000, seed)
+        test = task.expressions("test", 300, seed)
+        assert len(set(train)) == 3000 and len(set(test)) == 300
+        assert not set(train) & set(test)
+        assert all(task.split_of(e) == "test" for e in test)
+    assert task.expressions("test", 50, seed=3) == task.expressions("test", 50, seed=3)
+    assert task.expressions("test", 50, seed=3) != task.expressions("test", 50, seed=4)
+    # The held-out bucket is about test_fraction of the expression space.
+    rng = random.Random(1)
+    sample = [task.sample_expression(rng) for _ in range(5000)]
+    assert 0.07 < sum(task.split_of(e) == "test" for e in sample) / 5000 < 0.13
+
+
+def test_small_space_raises_instead_of_looping():
+    with pytest.raises(ValueError, match="too small"):
+        ArithmeticTask(min_terms=2, max_terms=2, max_operand=3).expressions("train", 10_000, seed=0)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"min_terms": 1}, "min_terms"),
+        ({"min_terms": 4, "max_terms": 3}, "min_terms"),
+        ({"max_operand": 0}, "max_operand"),
+        ({"test_fraction": 1.0}, "test_fraction"),
+        ({"operators": "*"}, "operators"),
+        ({"teacher_error_rate": 1.5, "operators": "+"}, "teacher_error_rate"),
+        ({"teacher_error_rate": 0.5}, "operators='\\+'"),
+    ],
+)
+def test_bad_task_settings_are_rejected(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ArithmeticTask(**kwargs)
+
+
+def test_reference_completions_are_graded_right_by_the_training_reward():
+    from trl.rewards import accuracy_reward
+
+    task = ArithmeticTask(min_terms=3, max_terms=5, max_operand=99)
+    rows = task.rows("test", 40, seed=0)
+    assert rows["completion"][0].endswith(f"\\boxed{{{rows['solution'][0]}}}")
+    completions = [[{"role": "assistant", "content": c}] for c in rows["completion"]]
+    assert accuracy_reward(completions, rows["solution"]) == [1.0] * 40
+    assert any(int(s) < 0 for s in rows["solution"])  # negative answers are graded too
+
+
+def test_imperfect_teacher_forgets_carries_and_grading_uses_the_true_answer():
+    perfect = ArithmeticTask(min_terms=3, max_terms=5, max_operand=9, operators="+")
+    forgetful = ArithmeticTask(min_terms=3, max_terms=5, max_operand=9, operators="+", teacher_error_rate=1.0)
+    assert forgetful.completion("17+5+9", random.Random(0)) == "17+5=12,12+9=11 \\boxed{11}"
+    assert perfect.completion("17+5+9") == "17+5=22,22+9=31 \\boxed{31}"
+    rows = forgetful.rows("train", 200, seed=0)
+    assert rows["solution"] == perfect.rows("train", 200, seed=0)["solution"]  # answers stay true
+    rates = [
+        ArithmeticTask(3, 5, 9, operators="+", teacher_error_rate=q).teacher_accuracy("test", 400, 0)
+        for q in (0.0, 0.3, 0.6, 1.0)
+    ]
+    assert rates[0] == 1.0 and rates == sorted(rates, reverse=True) and rates[-1] < 0.15
+
+
+def test_tiny_tokenizer_keeps_boxed_as_one_token_and_completions_fit_the_preset(tokenizer):
+    task = ArithmeticTask(min_terms=3, max_terms=5, max_operand=9, operators="+", teacher_error_rate=0.6)
+    rows = task.rows("train", 2000, seed=0)
+    ids = tokenizer("\\boxed{12}", add_special_tokens=False)["input_ids"]
+    assert len(ids) == 4 and tokenizer.decode(ids) == "\\boxed{12}"
+    longest = max(len(tokenizer(c, add_special_tokens=False)["input_ids"]) + 1 for c in rows["completion"])
+    assert longest <= 48  # tiny_cpu.yaml's max_completion_length (completion + EOS)
+
+
+def test_supervised_warm_start_learns_and_is_seeded(tokenizer):
+    from respo_trl.tiny import tiny_qwen3
+    from respo_trl.warmstart import generate, grade, supervised_warm_start
+
+    task = ArithmeticTask(min_terms=2, max_terms=2, max_operand=3, scratchpad=False)
+    rows = task.rows("train", 12, seed=0)
+
+    def run():
+        model = tiny_qwen3(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128, seed=0)
+        losses = supervised_warm_start(
+            model, tokenizer, rows["prompt"], rows["completion"], steps=150, batch_size=16, learning_rate=1e-2, seed=0
+        )
+        return model, losses
+
+    model, losses = run()
+    assert sum(losses[-5:]) / 5 < 0.5 * losses[0]
+    assert run()[1] == losses  # same seed, same trajectory
+    texts, lengths = generate(model, tokenizer, rows["prompt"], max_new_tokens=8)
+    assert len(texts) == 12 and all(0 < n <= 8 for n in lengths)
+    assert sum(grade(texts, rows["solution"])) >= 6  # memorised most of its 12 training problems
+
+
+# -- rewards ----------------------------------------------------------------------------------------------------------
+
+
+def test_boxed_format_reward():
+    from respo_trl.rewards import boxed_format_reward
+
+    texts = [
+        "1+2=3 \\boxed{3}",
+        "<think>try \\boxed{2}</think> so \\boxed{\\frac{1}{2}}",
+        "<think>unfinished \\boxed{3}",
+        "\\boxed{3} and \\boxed{4}",
+        "\\boxed{",
+        "\\boxed{}",
+        "no box",
+    ]
+    assert boxed_format_reward([[{"content": t}] for t in texts]) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_reward_names_resolve_or_fail_clearly():
+    from respo_trl.rewards import boxed_format_reward, resolve_reward
+
+    assert resolve_reward("format") is boxed_format_reward
+    assert resolve_reward("accuracy").__name__ == "accuracy_reward"
+    assert resolve_reward("respo_trl.rewards.boxed_format_reward") is boxed_format_reward
+    with pytest.raises(ValueError, match="unknown reward function 'acuracy'.*accuracy"):
+        resolve_reward("acuracy")
+    with pytest.raises(ValueError, match="cannot import module"):
+        resolve_reward("no_such_module.reward")
+    with pytest.raises(ValueError, match="no callable"):
+        resolve_reward("respo_trl.rewards.nothing_here")
+
+
+def failing_reward(completions, **kwargs):
+    raise KeyError("ground_truth")
+
+
+def test_probe_names_a_raising_reward_and_a_wrong_answer_column():
+    from respo_trl.rewards import boxed_format_reward, probe_rewards, resolve_reward
+
+    accuracy = resolve_reward("accuracy")
+    rows = {"prompt": [[{"role": "user", "content": "1+1"}]] * 4, "solution": ["2"] * 4, "source": ["a"] * 4}
+    probe_rewards([accuracy, boxed_format_reward], rows, "solution", accuracy_funcs=[accuracy])  # passes
+    with pytest.raises(RuntimeError, match="'failing_reward' raised KeyError"):
+        probe_rewards([boxed_format_reward, failing_reward], rows, "solution")
+    bad = {**rows, "solution": ["see the worked solution above"] * 4}
+    with pytest.raises(RuntimeError, match="--answer_column='solution'"):
+        probe_rewards([accuracy], bad, "solution", accuracy_funcs=[accuracy])
