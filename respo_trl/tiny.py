@@ -81,7 +81,9 @@ def tiny_qwen3(
             num_experts=num_experts,
             num_experts_per_tok=experts_per_token,
             decoder_sparse_step=1,
-            output_router_logits=True,
+            # As Hub Qwen3-MoE configs ship: TRL asks for router logits in its training forward itself. True here is
+            # saved with the checkpoint and breaks transformers' cached, left-padded generation (aux loss per step).
+            output_router_logits=False,
             router_aux_loss_coef=0.01,
         )
         return Qwen3MoeForCausalLM(config)
