@@ -174,12 +174,13 @@ def training_summary(log_history: list[dict]) -> list[tuple[str, str]]:
     tokens = _values(logged, "reuse/generated_tokens")
     if tokens:
         summary.append(("generated completion tokens (sampling compute)", f"{int(tokens[-1]):,}"))
-    throughput = _values(rows, "starvation/grad_throughput/pos")
-    clipped = _values(rows, "starvation/clip_grad_throughput/pos")
+    # every optimizer step, not only the sampling ones: the reused passes are where starvation shows
+    throughput = _values(logged, "starvation/grad_throughput/pos")
+    clipped = _values(logged, "starvation/clip_grad_throughput/pos")
     if throughput and clipped:
         summary.append(
             (
-                "mean positive gradient throughput (this loss / clipped loss)",
+                "mean positive-advantage gradient throughput (this loss / clipped PPO on the same batches)",
                 f"{sum(throughput) / len(throughput):.3g} / {sum(clipped) / len(clipped):.3g}",
             )
         )
@@ -187,6 +188,22 @@ def training_summary(log_history: list[dict]) -> list[tuple[str, str]]:
     if train_end:
         summary.append(("train runtime (s)", f"{train_end[-1]['train_runtime']:.1f}"))
     return summary
+
+
+def recipe_summary(output_dir: Path) -> list[tuple[str, str]]:
+    """Held-out accuracy before and after RL from the recipe's ``report.json``, when the run came from the recipe."""
+    path = output_dir / "report.json"
+    if not path.is_file():
+        return []
+    heldout = json.loads(path.read_text()).get("heldout") or {}
+    if heldout.get("before") is None or heldout.get("after") is None:
+        return []
+    return [
+        (
+            f"held-out accuracy before -> after RL ({heldout.get('mode')}, n={heldout.get('n')}, recipe report.json)",
+            f"{100 * heldout['before']:.1f}% -> {100 * heldout['after']:.1f}%",
+        )
+    ]
 
 
 def library_versions() -> list[tuple[str, str]]:
@@ -278,6 +295,8 @@ def render_card(
     report, eval_problem = load_eval_report(output_dir)
     curve = training_curves(log_history, output_dir / CURVES_FILE)
     loss = args.get("loss_type", "respo")
+    if base_model and not HUB_ID.match(base_model):
+        base_model = None  # a model built locally (e.g. the tiny demo) has no Hub page to link to
     dataset_is_hub = bool(dataset_name and HUB_ID.match(dataset_name))
     card_data = ModelCardData(
         base_model=base_model,
@@ -321,7 +340,7 @@ def render_card(
         lambda_neg=args.get("respo_lambda_neg"),
         reuse=args.get("respo_reuse", args.get("num_iterations", 1)),
         hyperparameters=hyperparameters(args),
-        training_summary=training_summary(log_history),
+        training_summary=recipe_summary(output_dir) + training_summary(log_history),
         curve_image=CURVES_FILE if curve else None,
         versions=library_versions(),
         respo_version=dict(library_versions())["respo_trl"],

@@ -163,3 +163,39 @@ class ArithmeticTask:
         from datasets import Dataset
 
         return Dataset.from_dict(self.rows(split, n, seed))
+
+    def write_jsonl(self, path, split: str, n: int, seed: int) -> int:
+        """Write ``rows(split, n, seed)`` in the MATH-500 schema (``problem``, ``answer``) that ``recipes/eval_math.py``
+        reads; returns the number of rows written."""
+        import json
+
+        rows = self.rows(split, n, seed)
+        with open(path, "w") as f:
+            for prompt, answer in zip(rows["prompt"], rows["solution"]):
+                f.write(json.dumps({"problem": prompt[-1]["content"], "answer": answer}) + "\n")
+        return n
+
+
+def main(argv=None) -> None:
+    """``python -m respo_trl.tasks --out arith_test.jsonl``: the tiny preset's held-out split as an eval_math file."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--out", required=True, help="JSONL file to write (columns: problem, answer)")
+    parser.add_argument("--split", choices=SPLITS, default="test")
+    parser.add_argument("--n", type=int, default=500, help="number of problems")
+    parser.add_argument("--seed", type=int, default=0, help="the recipe's --task_seed")
+    # defaults: recipes/configs/tiny_cpu.yaml
+    parser.add_argument("--min_terms", type=int, default=3)
+    parser.add_argument("--max_terms", type=int, default=5)
+    parser.add_argument("--max_operand", type=int, default=9)
+    parser.add_argument("--operators", default="+")
+    args = parser.parse_args(argv)
+    task = ArithmeticTask(
+        min_terms=args.min_terms, max_terms=args.max_terms, max_operand=args.max_operand, operators=args.operators
+    )
+    print(f"wrote {task.write_jsonl(args.out, args.split, args.n, args.seed)} {args.split} problems to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -2,6 +2,7 @@
 parameters, measured training numbers and curves, and an evaluation table only for the weights it measured."""
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -114,6 +115,11 @@ def test_training_numbers_and_curves_come_from_the_log(trained):
     tokens = max(h["reuse/generated_tokens"] for h in log if "reuse/generated_tokens" in h)
     assert f"| generated completion tokens (sampling compute) | {int(tokens):,} |" in card
     assert "| optimizer steps | 4 |" in card
+    # gradient throughput averages every optimizer step (the reused passes too), not only the sampling ones
+    values = [h["starvation/grad_throughput/pos"] for h in log if "starvation/grad_throughput/pos" in h]
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    assert len(values) == 4
+    assert f"(this loss / clipped PPO on the same batches) | {sum(values) / len(values):.3g} / " in card
     png = output_dir / "training_curves.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "](training_curves.png)" in card
 
@@ -186,6 +192,20 @@ def test_cli_rebuilds_the_card_from_an_output_dir(trained, tmp_path):
     (output_dir / RESULTS_FILE).unlink()
     with pytest.raises(FileNotFoundError, match="training_args.bin"):
         card_from_output_dir(tmp_path)
+
+
+def test_card_of_a_recipe_run_shows_heldout_accuracy_and_links_no_local_base_model(trained, tmp_path):
+    _trainer, output_dir, _ = trained
+    report = {"heldout": {"mode": "greedy", "n": 500, "before": 0.184, "after": 0.972}}
+    (output_dir / "report.json").write_text(json.dumps(report))
+    out = tmp_path / "card.md"
+    try:
+        main([str(output_dir), "--base_model", "tiny-qwen3-dense", "--out", str(out)])
+    finally:
+        (output_dir / "report.json").unlink()
+    card = out.read_text()
+    assert ModelCard(card).data.base_model is None and "huggingface.co/tiny-qwen3-dense" not in card
+    assert "| held-out accuracy before -> after RL (greedy, n=500, recipe report.json) | 18.4% -> 97.2% |" in card
 
 
 def test_baseline_card_names_the_trl_loss(make_trainer, tmp_path):

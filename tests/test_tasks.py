@@ -170,3 +170,19 @@ def test_probe_names_a_raising_reward_and_a_wrong_answer_column():
     bad = {**rows, "solution": ["see the worked solution above"] * 4}
     with pytest.raises(RuntimeError, match="--answer_column='solution'"):
         probe_rewards([accuracy], bad, "solution", accuracy_funcs=[accuracy])
+
+
+def test_heldout_split_exports_as_an_eval_math_file_matching_the_recipe(tmp_path):
+    """`python -m respo_trl.tasks` writes the tiny preset's held-out problems, answers graded like training."""
+    import json
+
+    from respo_trl.tasks import main
+
+    out = tmp_path / "arith_test.jsonl"
+    main(["--out", str(out), "--n", "40"])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    preset = ArithmeticTask(min_terms=3, max_terms=5, max_operand=9, operators="+", teacher_error_rate=0.6)
+    expected = preset.rows("test", 40, seed=0)  # what the recipe holds out (the teacher does not change prompts)
+    assert [r["problem"] for r in rows] == [p[-1]["content"] for p in expected["prompt"]]
+    assert [r["answer"] for r in rows] == expected["solution"]
+    assert all(preset.split_of(r["problem"]) == "test" and str(eval(r["problem"])) == r["answer"] for r in rows)
