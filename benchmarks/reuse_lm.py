@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -88,7 +89,7 @@ def warm_start(model_kind: str, seed: int, extra: list[str], path: str) -> str:
     if os.path.exists(os.path.join(path, "config.json")):
         return path
     recipe = load_recipe()
-    script_args, training_args, _ = recipe.parse_args(["--tiny_model", model_kind, "--seed", str(seed), *extra])
+    script_args, _, _ = recipe.parse_args(["--tiny_model", model_kind, "--seed", str(seed), *extra])
     set_seed(seed)
     model, tokenizer = recipe.build_tiny(script_args, seed=seed)
     train, _ = recipe.build_datasets(script_args)
@@ -123,9 +124,9 @@ def run_arm(spec: dict) -> dict:
     script_args, training_args, model_args = recipe.parse_args(argv)
     script_args.tiny_model, model_args.model_name_or_path = None, spec["warm_path"]
     start = time.time()
-    with open(os.path.join(spec["logs_dir"], spec["name"] + ".log"), "w") as log:
-        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):  # two workers, one readable console
-            report = recipe.main(script_args, training_args, model_args)
+    log_path = os.path.join(spec["logs_dir"], spec["name"] + ".log")
+    with open(log_path, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        report = recipe.main(script_args, training_args, model_args)  # one log per arm keeps the console readable
     wall = time.time() - start
     history = json.loads(Path(output_dir, "trainer_state.json").read_text())["log_history"]
     shutil.rmtree(output_dir, ignore_errors=True)
@@ -200,7 +201,7 @@ def mean_curve(runs: list[dict]) -> list[tuple[float, float]]:
 
 def tokens_to_reach(curve: list[tuple[float, float]], target: float) -> float | None:
     """First generated-token count at which the (linearly interpolated) curve reaches ``target``; None if never."""
-    for (t0, a0), (t1, a1) in zip(curve, curve[1:]):
+    for (t0, a0), (t1, a1) in itertools.pairwise(curve):
         if a0 >= target:
             return t0
         if a1 >= target:
@@ -237,9 +238,8 @@ def claims(groups: dict[tuple, list[dict]]) -> dict:
     """The summary's claims, measured on the dense model (paired by seed where two arms are compared)."""
     out = {}
     respo4, clip4, clip1 = (groups.get(("dense", loss, r), []) for loss, r in (("respo", 4), (CLIPPED, 4), (CLIPPED, 1)))
-    by_seed = lambda runs: {r["seed"]: r for r in runs}  # noqa: E731
     if respo4 and clip4:
-        a, b = by_seed(respo4), by_seed(clip4)
+        a, b = ({r["seed"]: r for r in runs} for runs in (respo4, clip4))
         seeds = sorted(set(a) & set(b))
         ratios = [a[s]["early"]["grad_throughput_pos"] / b[s]["early"]["grad_throughput_pos"] for s in seeds
                   if b[s]["early"]["grad_throughput_pos"]]  # fmt: skip

@@ -5,8 +5,11 @@ TRL is imported once per test session (it costs seconds); the helpers below buil
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 import zlib
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +24,32 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def load_script():
+    """Import a repository script (``recipes/...py``, ``benchmarks/...py``) by path, once per session."""
+
+    def load(relative: str):
+        name = Path(relative).stem
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, ROOT / relative)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module  # dataclasses resolve their module through sys.modules while it executes
+            spec.loader.exec_module(module)
+        return sys.modules[name]
+
+    return load
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _restore_torch_threads():
+    threads = torch.get_num_threads()  # benchmark scripts pin torch to one thread; leave the next module as it was
+    yield
+    torch.set_num_threads(threads)
+
 
 CPU_ARGS = dict(
     use_cpu=True,

@@ -1,9 +1,7 @@
 """The ablation lab at smoke size: JSON schema, the R = 1 identity, the decision rule's mechanics, the CLI."""
 
-import importlib.util
 import json
 import pathlib
-import sys
 
 import pytest
 import torch
@@ -11,20 +9,9 @@ import torch
 BENCH_PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "ablation_lab.py"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _restore_threads():
-    threads = torch.get_num_threads()  # the scripts pin torch to one thread; leave other tests as they were
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
-def abl():
-    spec = importlib.util.spec_from_file_location("ablation_lab", BENCH_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ablation_lab"] = module
-    spec.loader.exec_module(module)
-    return module
+def abl(load_script):
+    return load_script("benchmarks/ablation_lab.py")
 
 
 @pytest.fixture(scope="module")

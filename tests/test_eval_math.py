@@ -1,12 +1,10 @@
 """recipes/eval_math.py and respo_trl.grading: metric math on hand-made numbers, grading identical to the training
 reward, dataset schema mapping, and end-to-end runs (known completions; the tiny model from a local Hub snapshot)."""
 
-import importlib.util
 import json
 import math
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,12 +26,8 @@ SAMPLE = ROOT / "tests" / "data" / "math500_sample.jsonl"
 
 
 @pytest.fixture(scope="module")
-def eval_math():
-    spec = importlib.util.spec_from_file_location("eval_math", ROOT / "recipes" / "eval_math.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["eval_math"] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+def eval_math(load_script):
+    return load_script("recipes/eval_math.py")
 
 
 # -- metric math ------------------------------------------------------------------------------------------------------------

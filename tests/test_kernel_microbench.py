@@ -1,6 +1,5 @@
 """The kernel microbenchmark at toy size: it times the right expressions and writes its JSON."""
 
-import importlib.util
 import json
 import pathlib
 import sys
@@ -11,20 +10,9 @@ import torch
 BENCH_PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "kernel_microbench.py"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _restore_threads():
-    threads = torch.get_num_threads()  # the scripts pin torch to one thread; leave other tests as they were
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("kernel_microbench", BENCH_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["kernel_microbench"] = module
-    spec.loader.exec_module(module)
-    return module
+def bench(load_script):
+    return load_script("benchmarks/kernel_microbench.py")
 
 
 def test_losses_agree_on_policy_and_differ_off_policy(bench):

@@ -28,12 +28,8 @@ SMALL = [
 
 
 @pytest.fixture(scope="module")
-def recipe():
-    spec = importlib.util.spec_from_file_location("qwen3_respo", RECIPE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["qwen3_respo"] = module  # dataclasses resolve string annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+def recipe(load_script):
+    return load_script("recipes/qwen3_respo.py")
 
 
 def run_recipe(recipe, tmp_path, *extra, name="run"):

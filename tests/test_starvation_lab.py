@@ -1,7 +1,6 @@
 """The starvation lab at smoke size: on-policy identities, the instability it must show, the JSON schema, the CLI."""
 
 import dataclasses
-import importlib.util
 import json
 import math
 import pathlib
@@ -15,20 +14,9 @@ from respo_trl.kernels import LossParams
 LAB_PATH = pathlib.Path(__file__).resolve().parents[1] / "recipes" / "starvation_lab.py"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _restore_threads():
-    threads = torch.get_num_threads()  # the scripts pin torch to one thread; leave other tests as they were
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
-def lab():
-    spec = importlib.util.spec_from_file_location("starvation_lab", LAB_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["starvation_lab"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+def lab(load_script):
+    return load_script("recipes/starvation_lab.py")
 
 
 @pytest.fixture(scope="module")
