@@ -72,7 +72,6 @@ import json
 import math
 import os
 import pathlib
-import platform
 import sys
 import time
 from typing import Callable
@@ -84,6 +83,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from respo_trl.kernels import LossParams  # noqa: E402
+from respo_trl.machine import machine_info  # noqa: E402
 
 
 def _load_lab():
@@ -737,8 +737,7 @@ def main(argv: list[str] | None = None) -> dict:
         "runtime_s": time.perf_counter() - t0,
         "command": "PYTHONPATH=. python benchmarks/ablation_lab.py " + " ".join(argv if argv is not None
                                                                                else sys.argv[1:]),
-        "machine": {"platform": platform.platform(), "processor": lab._cpu_name(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads()},
+        "machine": machine_info(),
     }
     print(f"wrote {write(result, args.out)}")
     if not args.no_plot:

@@ -22,6 +22,8 @@ import zlib
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from respo_trl.machine import machine_info  # noqa: E402
+
 
 def crc_reward(completions, **kwargs):
     return [float(zlib.crc32(c[0]["content"].encode()) % 2) for c in completions]
@@ -118,7 +120,7 @@ def main():
             print(json.dumps(rows[-1]), flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "diagnostics_overhead.json"), "w") as f:
-        machine = {"cpus": os.cpu_count(), "load_average": os.getloadavg()}
+        machine = machine_info()
         json.dump({"command": "python " + " ".join(sys.argv), "settings": vars(args), "machine": machine, "rows": rows}, f, indent=1)
     print(f"\n{'model':>22} {'tokens':>7} {'with (ms)':>10} {'without (ms)':>13} {'ratio':>6}")
     for r in rows:

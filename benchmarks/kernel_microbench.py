@@ -46,15 +46,14 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
-import sys
 import time
 
 import torch
 
 from respo_trl.diagnostics import sequence_stats
 from respo_trl.kernels import LossParams, respo_phi
+from respo_trl.machine import machine_info
 
 EPSILON = 0.2  # TRL's default epsilon (= epsilon_high when unset)
 PARAMS = LossParams()  # ReSPO and VESPO at the package / TRL defaults
@@ -298,26 +297,7 @@ def plot(result: dict, path: str) -> None:
 
 
 def machine(args) -> dict:
-    info = {"device": args.device, "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "platform": platform.platform(), "python": sys.version.split()[0]}
-    if args.device == "cuda":
-        info["device_name"] = torch.cuda.get_device_name()
-    else:
-        info["device_name"] = _cpu_name()
-        info["cpus"] = os.cpu_count()
-        info["load_average"] = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return info
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
+    return machine_info(args.device)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -24,6 +23,8 @@ import zlib
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from respo_trl.machine import machine_info  # noqa: E402
 
 
 def crc_reward(completions, **kwargs):
@@ -162,13 +163,7 @@ def main():
             )
     report = {
         "command": "python " + " ".join(sys.argv),
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(),
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-            "load_average": os.getloadavg(),
-        },
+        "machine": machine_info(),
         "settings": vars(args),
         "rows": rows,
         "runs": {f"len{n}-R{r}": v for (n, r), v in runs.items()},

@@ -28,7 +28,6 @@ import itertools
 import json
 import math
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -39,6 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "qwen3_respo.py"
+sys.path.insert(0, str(ROOT))  # run from a checkout without `pip install -e .`
 LOSSES = ("dapo", "gspo", "vespo", "respo")
 CLIPPED = "dapo"  # the baseline of the summary claims: TRL's default clipped loss
 # The arms' loss settings: gspo is TRL's grpo loss with a sequence-level ratio, as TRL documents it.
@@ -347,6 +347,8 @@ def parse(argv=None):
 
 
 def main(argv=None) -> dict:
+    from respo_trl.machine import machine_info
+
     args = parse(argv)
     out = Path(args.out)
     work = Path(args.work)
@@ -398,7 +400,7 @@ def main(argv=None) -> dict:
 
     summary = summarize(list(results.values()))
     summary["config"] = {k: v for k, v in vars(args).items() if k not in ("fresh",)}
-    summary["machine"] = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+    summary["machine"] = {**machine_info(), "workers": args.workers, "threads_per_worker": 1}
     summary["command"] = "python benchmarks/reuse_lm.py " + " ".join(sys.argv[1:] if argv is None else argv)
     (out / "reuse_lm.json").write_text(json.dumps(summary, indent=1))
     plots = []

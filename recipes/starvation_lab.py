@@ -70,7 +70,6 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import time
 from dataclasses import dataclass
 
@@ -78,6 +77,7 @@ import torch
 
 from respo_trl.diagnostics import sequence_stats, summarize
 from respo_trl.kernels import LossParams, get_policy_loss, gradient_coefficients
+from respo_trl.machine import machine_info
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The kernels compared: label -> (registry name, LossParams overrides). Each method at its recommended parameters
@@ -418,8 +418,7 @@ def run_lab(cfg: LabConfig, kernels: dict | None = None, base: LossParams = Loss
         "regimes": regimes,
         "phi": {"w": PHI_GRID.tolist(), "curves": coefficient_curves(kernels, base, PHI_GRID)},
         "runtime_s": time.perf_counter() - start,
-        "machine": {"platform": platform.platform(), "processor": _cpu_name(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads()},
+        "machine": machine_info(),
     }
 
 
@@ -529,16 +528,6 @@ def _budget_to_reach(reward_curves: list[list[float]], target: float) -> float |
     hit = (mean >= target - 1e-9).nonzero()
     return None if len(hit) == 0 else hit[0].item() / (len(mean) - 1)
 
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
