@@ -142,19 +142,10 @@ def test_eval_table_and_model_index_only_for_the_weights_evaluated(trained):
             dataset_name="math500",
             dataset_split="test",
             metric_type="accuracy",
-            metric_name="avg@4",
-            metric_value=37.5,
-        ),
-        EvalResult(
-            task_type="text-generation",
-            task_name="Mathematical reasoning",
-            dataset_type="HuggingFaceH4/MATH-500",
-            dataset_name="math500",
-            dataset_split="test",
-            metric_type="accuracy",
-            metric_name="maj@4",
-            metric_value=50.0,
-        ),
+            metric_name=name,
+            metric_value=value,
+        )
+        for name, value in (("avg@4", 37.5), ("maj@4", 50.0))
     ]
     # The dataset is remembered for the cards written later (checkpoint saves pass no dataset).
     trainer.create_model_card()
