@@ -319,6 +319,40 @@ def print_table(summary: dict) -> None:
         print(f"  {key}: {json.dumps(value)}")
 
 
+def markdown(summary: dict) -> str:
+    """The docs tables (docs/benchmarks.md, section 2) from a ``reuse_lm.json``."""
+
+    def pm(stats, scale=1.0, digits=1):
+        if not stats or stats.get("mean") is None:
+            return "n/a"
+        return f"{scale * stats['mean']:.{digits}f} ± {scale * stats['std']:.{digits}f}"
+
+    lines = [
+        "| model | loss | R | held-out before (%) | after (%) | worst drop (points) | generated tokens (k) "
+        "| early throughput + | early throughput − | early starved + | wall (s) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for arm in summary["arms"].values():
+        lines.append(
+            f"| {arm['model']} | {arm['loss']} | {arm['reuse']} | {pm(arm['before'], 100)} | {pm(arm['after'], 100)} "
+            f"| {pm(arm['max_drop_points'])} | {arm['generated_tokens']['mean'] / 1e3:.0f} "
+            f"| {pm(arm['early_grad_throughput_pos'], 1, 3)} | {pm(arm['early_grad_throughput_neg'], 1, 3)} "
+            f"| {pm(arm['early_starved_frac_pos'], 1, 3)} | {arm['wall_s']['mean']:.0f} |"
+        )
+    # held-out accuracy along the run: one row per arm, one column per evaluation point (same generation batches)
+    arms = list(summary["arms"].values())
+    length = max(len(arm["mean_curve"]) for arm in arms)
+    tokens = [
+        statistics.fmean(arm["mean_curve"][i][0] for arm in arms if i < len(arm["mean_curve"])) for i in range(length)
+    ]
+    lines += ["", "| arm \\ generated tokens | " + " | ".join(f"{t / 1e3:.0f}k" for t in tokens) + " |"]
+    lines.append("|---|" + "---:|" * length)
+    for arm in arms:
+        cells = [f"{100 * a:.1f}" for _, a in arm["mean_curve"]] + [""] * (length - len(arm["mean_curve"]))
+        lines.append(f"| {arm['model']} {arm['loss']} R={arm['reuse']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------------------------------------
@@ -339,6 +373,7 @@ def parse(argv=None):
     p.add_argument("--workers", type=int, default=2, help="Arms run at once (one torch thread each).")
     p.add_argument("--smoke", action="store_true", help="Tiny sizes for the test suite (seconds, numbers meaningless).")
     p.add_argument("--fresh", action="store_true", help="Ignore finished arms in OUT/arms and start over.")
+    p.add_argument("--markdown-from", metavar="JSON", help="Print the docs tables of an existing result and exit.")
     p.add_argument("recipe_args", nargs="*", help="Extra recipe overrides after '--', e.g. -- --learning_rate 2e-5")
     args = p.parse_args(argv)
     if any(r < 1 for r in args.reuse + args.moe_reuse) or args.generations < 1 or args.eval_every < 1:
@@ -350,6 +385,10 @@ def main(argv=None) -> dict:
     from respo_trl.machine import machine_info
 
     args = parse(argv)
+    if args.markdown_from:
+        summary = json.loads(Path(args.markdown_from).read_text())
+        print(markdown(summary))
+        return summary
     out = Path(args.out)
     work = Path(args.work)
     runs_dir, warm_dir, scratch, logs = out / "arms", work / "warm", work / "scratch", work / "logs"

@@ -45,7 +45,11 @@ def test_claims_pair_seeds_and_use_the_clipped_r1_final_accuracy(bench):
         run(0, "respo", 4, 0.7, 1.0, [(0, 0.2), (500, 0.7), (1000, 0.7)]),
         run(1, "respo", 4, 0.9, 1.0, [(0, 0.2), (500, 0.7), (1000, 0.9)]),
     ]
-    claims = bench.summarize(results)["claims"]
+    summary = bench.summarize(results)
+    claims = summary["claims"]
+    table = bench.markdown(summary)
+    assert "| dense | respo | 4 | 20.0 ± 0.0 | 80.0 ± 14.1 |" in table  # before, after: mean ± std over seeds
+    assert "| dense respo R=4 | 20.0 | 70.0 | 80.0 |" in table  # the seed-mean curve
     assert claims["early_pos_throughput_ratio_R4"]["mean"] == pytest.approx((2.0 + 2.5) / 2)
     assert claims["respo_minus_clipped_R4_points"]["mean"] == pytest.approx(25.0)  # +20 and +30 points
     tokens = claims["respo_R4_tokens_to_clipped_R1_final"]
