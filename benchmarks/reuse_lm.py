@@ -1,22 +1,25 @@
-"""Rollout reuse on the tiny LM: held-out accuracy per generated token for clipped and reshaped losses, R in {1, 2, 4}.
+"""Rollout reuse on the tiny LM: held-out accuracy per generated token for clipped and reshaped losses, R = 1, 2, 4.
 
 The question users ask: if I sample once and take R optimizer steps on the batch, do I get the accuracy of sampling
 every step for a fraction of the sampling compute, or does the loss collapse? Each arm is one run of the recipe
 (``recipes/qwen3_respo.py``, embedded tiny default: warm-started tiny Qwen3 on the built-in arithmetic task) through
-``ReSPOTrainer``, with the same number of generation batches (so the same budget of sampled completions) and
-``max_steps = generations x R``. Arms: TRL ``dapo`` (the default clipped loss), ``gspo`` (TRL ``grpo`` at sequence
-level), ``vespo`` and ``respo``, on the dense model and, for a subset, the MoE model. Each (model, seed) is warm-started
-once and every arm of that seed starts from the same checkpoint, so arms differ only in the loss and R.
+``ReSPOTrainer``, with the same number of generation batches (the same budget of sampled completions) and
+``max_steps = generations x R``. Arms: TRL ``dapo`` (the default clipped loss), ``gspo`` (TRL ``grpo`` with a
+sequence-level ratio), ``vespo`` and ``respo``, on the dense model and, for a subset, the MoE model. Each
+(model, seed) is warm-started once and every arm of that seed starts from that checkpoint, so arms differ only in the
+loss and R.
 
-    python benchmarks/reuse_lm.py --out docs/benchmarks/reuse_lm     # full size: ~60 min on 2 CPU cores
+    python benchmarks/reuse_lm.py --out docs/benchmarks/reuse_lm     # full size: ~35 min on 2 CPU cores
     python benchmarks/reuse_lm.py --smoke --out /tmp/reuse_lm        # seconds; what the test suite runs
     python benchmarks/reuse_lm.py --seeds 0 --losses dapo respo --reuse 1 4 --models dense   # a slice
+    python benchmarks/reuse_lm.py --out docs/benchmarks/reuse_lm_lr1e-4 --models dense --losses dapo respo \\
+        --reuse 1 4 -- --learning_rate 1e-4                           # any recipe override after --
 
-Writes ``OUT/arms/<arm>.json`` as each arm finishes (an interrupted run resumes where it stopped; ``--fresh`` starts over),
-then ``reuse_lm.json`` (per arm: mean and spread over seeds of final held-out accuracy, early gradient throughput by
-sign, worst accuracy drop; plus the summary claims measured), ``reuse_lm.png`` (accuracy against generated tokens per R;
-gradient throughput by sign) and, with MoE arms, ``reuse_lm_moe.png``. Runs ``--workers`` arms at once, one torch thread
-each; warm-start checkpoints and per-arm logs go to ``--work``.
+Writes ``OUT/arms/<arm>.json`` as each arm finishes (an interrupted run resumes where it stopped; ``--fresh`` starts
+over), then ``reuse_lm.json`` (per arm: mean and spread over seeds of final held-out accuracy, early gradient
+throughput by sign, worst accuracy drop; the summary's claims as measured), ``reuse_lm.png`` (accuracy against
+generated tokens per R; gradient throughput by sign) and, with MoE arms, ``reuse_lm_moe.png``. Runs ``--workers``
+arms at once, one torch thread each; warm-start checkpoints and per-arm logs go to ``--work``.
 """
 
 from __future__ import annotations
@@ -237,7 +240,9 @@ def summarize(results: list[dict]) -> dict:
 def claims(groups: dict[tuple, list[dict]]) -> dict:
     """The summary's claims, measured on the dense model (paired by seed where two arms are compared)."""
     out = {}
-    respo4, clip4, clip1 = (groups.get(("dense", loss, r), []) for loss, r in (("respo", 4), (CLIPPED, 4), (CLIPPED, 1)))
+    respo4, clip4, clip1 = (
+        groups.get(("dense", loss, r), []) for loss, r in (("respo", 4), (CLIPPED, 4), (CLIPPED, 1))
+    )
     if respo4 and clip4:
         a, b = ({r["seed"]: r for r in runs} for runs in (respo4, clip4))
         seeds = sorted(set(a) & set(b))
@@ -264,6 +269,8 @@ def claims(groups: dict[tuple, list[dict]]) -> dict:
 
 
 def plot(summary: dict, model: str, path: Path) -> None:
+    """Top row: held-out accuracy against generated tokens, one panel per R. Bottom row: the same curves by R for the
+    clipped baseline and ReSPO (what reuse saves), and early gradient throughput by advantage sign."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -273,30 +280,64 @@ def plot(summary: dict, model: str, path: Path) -> None:
     reuses = sorted({v["reuse"] for v in arms.values()})
     losses = [loss for loss in LOSSES if any(v["loss"] == loss for v in arms.values())]
     colors = dict(zip(LOSSES, ("tab:red", "tab:orange", "tab:purple", "tab:blue")))
-    fig, axes = plt.subplots(1, len(reuses) + 2, figsize=(4.2 * (len(reuses) + 2), 3.6))
-    for ax, reuse in zip(axes, reuses):
+    styles = dict(zip(sorted(reuses), (":", "--", "-", "-.")))
+    ncols = max(3, len(reuses))
+    fig, axes = plt.subplots(2, ncols, figsize=(4.6 * ncols, 7.4), squeeze=False)
+
+    def curve(ax, arm, **kwargs):
+        xs, ys = zip(*arm["mean_curve"])
+        ax.plot([x / 1e3 for x in xs], [100 * y for y in ys], marker="o", ms=3, **kwargs)
+
+    for ax, reuse in zip(axes[0], reuses):
         for loss in losses:
-            arm = arms.get(f"{model}-{loss}-R{reuse}")
-            if arm:
-                xs, ys = zip(*arm["mean_curve"])
-                ax.plot([x / 1e3 for x in xs], [100 * y for y in ys], "o-", ms=3, color=colors[loss], label=loss)
-        ax.set(title=f"R={reuse}", xlabel="generated tokens (k)", ylabel="held-out accuracy (%), seed mean")
+            if f"{model}-{loss}-R{reuse}" in arms:
+                curve(ax, arms[f"{model}-{loss}-R{reuse}"], color=colors[loss], label=loss)
+        ax.set(title=f"R = {reuse}", xlabel="generated tokens (k)", ylabel="held-out accuracy (%), mean of seeds")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+        ax.legend(fontsize=8)
+    for ax in axes[0][len(reuses) :]:
+        ax.axis("off")
+    ax = axes[1][0]
+    for loss in (CLIPPED, "respo"):
+        for reuse in reuses:
+            if f"{model}-{loss}-R{reuse}" in arms:
+                curve(
+                    ax,
+                    arms[f"{model}-{loss}-R{reuse}"],
+                    color=colors[loss],
+                    ls=styles[reuse],
+                    label=f"{loss} R={reuse}",
+                )
+    ax.set(title="what reuse saves", xlabel="generated tokens (k)", ylabel="held-out accuracy (%), mean of seeds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     width = 0.8 / max(1, len(losses))
-    for ax, sign in zip(axes[len(reuses) :], ("pos", "neg")):
+    for ax, sign in zip(axes[1][1:3], ("pos", "neg")):
         for i, loss in enumerate(losses):
             stats = [arms.get(f"{model}-{loss}-R{r}", {}).get(f"early_grad_throughput_{sign}") for r in reuses]
             means = [s["mean"] if s and s["mean"] is not None else 0.0 for s in stats]
             errs = [s["std"] if s and s["std"] is not None else 0.0 for s in stats]
-            ax.bar([j + i * width for j in range(len(reuses))], means, width, yerr=errs, color=colors[loss], label=loss)
+            ax.bar(
+                [j + i * width for j in range(len(reuses))], means, width, yerr=errs, color=colors[loss], label=loss
+            )
         ax.set_xticks([j + width * (len(losses) - 1) / 2 for j in range(len(reuses))], [f"R={r}" for r in reuses])
-        ax.set(title=f"early gradient throughput, {'positive' if sign == 'pos' else 'negative'} advantages")
+        ax.set(title=f"early gradient throughput, A {'> 0' if sign == 'pos' else '< 0'}", ylim=(0, 1.1))
         ax.grid(alpha=0.3, axis="y")
-    fig.suptitle(f"tiny Qwen3 ({model}) on the arithmetic task: equal sampled-completion budget per arm")
+        ax.legend(fontsize=8, loc="lower left")
+    for ax in axes[1][3:]:
+        ax.axis("off")
+    fig.suptitle(
+        f"tiny Qwen3 ({model}), arithmetic task, equal sampled-completion budget per arm: {summary_note(summary)}"
+    )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def summary_note(summary: dict) -> str:
+    config = summary.get("config", {})
+    extra = " ".join(config.get("recipe_args") or []) or "recipe defaults"
+    return f"{len(config.get('seeds', []))} seeds, {extra}"
 
 
 def print_table(summary: dict) -> None:
@@ -371,7 +412,9 @@ def parse(argv=None):
     p.add_argument("--generations", type=int, default=60, help="Generation batches per arm (the sampling budget).")
     p.add_argument("--eval_every", type=int, default=12, help="Held-out curve point every N generation batches.")
     p.add_argument("--workers", type=int, default=2, help="Arms run at once (one torch thread each).")
-    p.add_argument("--smoke", action="store_true", help="Tiny sizes for the test suite (seconds, numbers meaningless).")
+    p.add_argument(
+        "--smoke", action="store_true", help="Tiny sizes for the test suite (seconds, numbers meaningless)."
+    )
     p.add_argument("--fresh", action="store_true", help="Ignore finished arms in OUT/arms and start over.")
     p.add_argument("--markdown-from", metavar="JSON", help="Print the docs tables of an existing result and exit.")
     p.add_argument("recipe_args", nargs="*", help="Extra recipe overrides after '--', e.g. -- --learning_rate 2e-5")
@@ -424,7 +467,9 @@ def main(argv=None) -> dict:
     start = time.time()
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"), initializer=_init_worker) as pool:
         warm = {(s["model"], s["seed"]): s["warm_path"] for s in todo}
-        for future in as_completed([pool.submit(warm_start, m, seed, extra, path) for (m, seed), path in warm.items()]):
+        for future in as_completed(
+            [pool.submit(warm_start, m, seed, extra, path) for (m, seed), path in warm.items()]
+        ):
             print(f"  warm start ready: {future.result()}  ({time.time() - start:.0f} s)", flush=True)
         futures = {pool.submit(run_arm, spec): spec["name"] for spec in todo}
         for i, future in enumerate(as_completed(futures), 1):

@@ -70,7 +70,13 @@ def test_smoke_run_of_the_script(tmp_path):
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((out / "reuse_lm.json").read_text())
-    assert set(summary["arms"]) == {"dense-dapo-R1", "dense-dapo-R4", "dense-respo-R1", "dense-respo-R4", "moe-respo-R2"}
+    assert set(summary["arms"]) == {
+        "dense-dapo-R1",
+        "dense-dapo-R4",
+        "dense-respo-R1",
+        "dense-respo-R4",
+        "moe-respo-R2",
+    }
     arms = {path.stem: json.loads(path.read_text()) for path in (out / "arms").glob("*.json")}
     for name, arm in arms.items():
         assert arm["global_step"] == 2 * arm["reuse"]  # the same 2 generation batches, R optimizer steps each
