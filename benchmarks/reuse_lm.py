@@ -265,6 +265,12 @@ def claims(groups: dict[tuple, list[dict]]) -> dict:
             "fraction_of_clipped_R1_tokens": None if reached is None else reached / budget,
             "claim": "<= 0.5",
         }
+        # the same for every loss run at R = 4: is the saving ReSPO's, or reuse's?
+        for (model, loss, reuse), runs in sorted(groups.items()):
+            if model == "dense" and reuse == 4:
+                reached = tokens_to_reach(mean_curve(runs), target)
+                fraction = None if reached is None else reached / budget
+                out.setdefault("R4_fraction_of_clipped_R1_tokens_by_loss", {})[loss] = fraction
     return out
 
 

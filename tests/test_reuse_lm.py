@@ -56,6 +56,8 @@ def test_claims_pair_seeds_and_use_the_clipped_r1_final_accuracy(bench):
     assert tokens["clipped_R1_final_accuracy"] == pytest.approx(0.7)  # mean of 0.6 and 0.8
     assert tokens["respo_R4_tokens"] == pytest.approx(500)  # the seed-mean curve reaches 0.7 at 500 tokens
     assert tokens["fraction_of_clipped_R1_tokens"] == pytest.approx(0.5)
+    by_loss = claims["R4_fraction_of_clipped_R1_tokens_by_loss"]
+    assert by_loss["respo"] == pytest.approx(0.5) and by_loss["dapo"] is None  # clipped R=4 never reaches 0.7
 
 
 def test_smoke_run_of_the_script(tmp_path):
