@@ -51,6 +51,12 @@ LOSS_ARGS = {
     "vespo": ["--loss_type", "vespo"],
     "respo": ["--loss_type", "respo"],
 }
+# Per-step metrics kept in each arm's JSON, for the per-pass analysis (--passes-from).
+HISTORY_KEYS = (
+    "grad_norm", "entropy", "reward", "offpolicy/ess", "offpolicy/ess_normalized", "offpolicy/log_weight/min",
+    "offpolicy/log_weight/max", "clip_ratio/region_mean", "starvation/grad_throughput/pos",
+    "starvation/grad_throughput/neg", "starvation/clip_grad_throughput/pos", "starvation/clip_grad_throughput/neg",
+)  # fmt: skip
 SMOKE_ARGS = [
     "--warmstart_steps", "4", "--train_size", "64", "--heldout_size", "8", "--heldout_curve_size", "4",
     "--tiny_hidden_size", "32", "--tiny_num_layers", "1", "--tiny_intermediate_size", "64",
@@ -165,6 +171,9 @@ def run_arm(spec: dict) -> dict:
             "grad_throughput_neg": mean_of(steps, "starvation/grad_throughput/neg"),
             "ess": mean_of(steps, "offpolicy/ess"),
         },
+        "history": [{"step": h["step"], **{k: h[k] for k in HISTORY_KEYS if k in h}} for h in history if "loss" in h],
+        "refreshes": int(max((h.get("reuse/refreshes", 0) for h in history), default=0)),  # ESS-floor resamples
+        "ess_before_pass": mean_of(history, "reuse/ess_before_pass"),
         "reward_last": report["training"]["reward_last"],
         "wall_s": wall,
     }
@@ -272,6 +281,18 @@ def claims(groups: dict[tuple, list[dict]]) -> dict:
                 fraction = None if reached is None else reached / budget
                 out.setdefault("R4_fraction_of_clipped_R1_tokens_by_loss", {})[loss] = fraction
     return out
+
+
+def per_pass(arm: dict, steps: int) -> list[dict]:
+    """Mean of the kept metrics by reuse pass (1 = the fresh pass) over the first ``steps`` optimizer steps."""
+    reuse, rows = arm["reuse"], [h for h in arm["history"] if h["step"] <= steps]
+    table = []
+    for p in range(reuse):
+        chunk = [h for h in rows if (h["step"] - 1) % reuse == p]
+        table.append(
+            {k: statistics.fmean(h[k] for h in chunk if k in h) for k in HISTORY_KEYS if any(k in h for h in chunk)}
+        )
+    return table
 
 
 def plot(summary: dict, model: str, path: Path) -> None:
@@ -423,6 +444,8 @@ def parse(argv=None):
     )
     p.add_argument("--fresh", action="store_true", help="Ignore finished arms in OUT/arms and start over.")
     p.add_argument("--markdown-from", metavar="JSON", help="Print the docs tables of an existing result and exit.")
+    p.add_argument("--passes-from", metavar="ARM_JSON", nargs="+", help="Print per-pass metrics of arms and exit.")
+    p.add_argument("--passes-steps", type=int, default=60, help="--passes-from: first N optimizer steps.")
     p.add_argument("recipe_args", nargs="*", help="Extra recipe overrides after '--', e.g. -- --learning_rate 2e-5")
     args = p.parse_args(argv)
     if any(r < 1 for r in args.reuse + args.moe_reuse) or args.generations < 1 or args.eval_every < 1:
@@ -434,6 +457,21 @@ def main(argv=None) -> dict:
     from respo_trl.machine import machine_info
 
     args = parse(argv)
+    if args.passes_from:
+        keys = (
+            "grad_norm",
+            "clip_ratio/region_mean",
+            "offpolicy/log_weight/min",
+            "offpolicy/ess_normalized",
+            "entropy",
+        )
+        print(f"{'arm':<28} {'pass':>4} " + " ".join(f"{k.split('/')[-1]:>14}" for k in keys))
+        for path in args.passes_from:
+            arm = json.loads(Path(path).read_text())
+            for i, row in enumerate(per_pass(arm, args.passes_steps), 1):
+                cells = " ".join(f"{row[k]:>14.4f}" if k in row else f"{'-':>14}" for k in keys)
+                print(f"{arm['name']:<28} {i:>4} {cells}")
+        return {}
     if args.markdown_from:
         summary = json.loads(Path(args.markdown_from).read_text())
         print(markdown(summary))

@@ -91,3 +91,10 @@ def test_smoke_run_of_the_script(tmp_path):
 
     again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0 and "5 arms, 5 already done, 0 to run" in again.stdout  # resumes, reruns nothing
+
+
+def test_per_pass_groups_steps_by_their_pass_over_the_batch(bench):
+    # R = 2: steps 1, 3 are fresh passes, steps 2, 4 reuse; step 5 lies beyond the window
+    history = [{"step": s, "grad_norm": g} for s, g in ((1, 1.0), (2, 0.2), (3, 3.0), (4, 0.4), (5, 100.0))]
+    table = bench.per_pass({"reuse": 2, "history": history}, steps=4)
+    assert [row["grad_norm"] for row in table] == [pytest.approx(2.0), pytest.approx(0.3)]
