@@ -86,6 +86,7 @@ class ReSPOTrainer(GRPOTrainer):
         self._nonfinite_rows = None
         self._nonfinite_total = 0
         self._tokens_at_step_start = 0
+        self._fresh_grad_norm = None  # grad_norm of the current batch's fresh (first) pass
 
     # -- rollout reuse -----------------------------------------------------------------------------------------------
 
@@ -275,6 +276,20 @@ class ReSPOTrainer(GRPOTrainer):
         metrics["reuse/refreshes"] = float(self.rollouts.refreshes)
         for key, value in metrics.items():
             self._metrics[mode][key].append(value)
+
+    def log(self, logs: dict, start_time: float | None = None) -> None:
+        # Under reuse the failure to watch is a loss that keeps taking full steps on stale rollouts: the clipped loss's
+        # gradient norm falls several-fold on reuse passes, ReSPO's need not (docs/method.md, section 6). Log which pass
+        # over its batch this optimizer step was and its grad_norm relative to the batch's fresh pass.
+        if "grad_norm" in logs and self.model.training and self.state.global_step > 0:
+            steps_per_pass = max(1, self.args.steps_per_generation // self.args.gradient_accumulation_steps)
+            pass_index = (self.state.global_step - 1) % (steps_per_pass * self.num_iterations) // steps_per_pass
+            logs["reuse/pass"] = float(pass_index + 1)
+            if pass_index == 0:
+                self._fresh_grad_norm = logs["grad_norm"]
+            elif self._fresh_grad_norm:
+                logs["reuse/grad_norm_vs_fresh"] = logs["grad_norm"] / self._fresh_grad_norm
+        super().log(logs, start_time)
 
     # -- checkpointing -------------------------------------------------------------------------------------------------
 

@@ -173,6 +173,16 @@ def test_ess_floor_refreshes_drifted_batches(make_trainer):
     assert all("reuse/ess_before_pass" in h for h in logs[1:])
 
 
+def test_reuse_passes_log_grad_norm_against_the_fresh_pass(make_trainer):
+    trainer = make_trainer(num_iterations=2, max_steps=4)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "grad_norm" in h]
+    assert [h["reuse/pass"] for h in logs] == [1, 2, 1, 2]
+    assert "reuse/grad_norm_vs_fresh" not in logs[0] and "reuse/grad_norm_vs_fresh" not in logs[2]
+    for fresh, reused in ((logs[0], logs[1]), (logs[2], logs[3])):
+        assert reused["reuse/grad_norm_vs_fresh"] == pytest.approx(reused["grad_norm"] / fresh["grad_norm"])
+
+
 def test_no_refresh_without_a_floor(make_trainer):
     trainer = make_trainer(num_iterations=4, max_steps=4, learning_rate=5e-2)
     trainer.train()
