@@ -93,8 +93,6 @@ def warm_start(model_kind: str, seed: int, extra: list[str], path: str) -> str:
     """Build the tiny model, imitate the task's teacher as the recipe does, save it where the arms load it from."""
     from transformers import set_seed
 
-    from respo_trl.warmstart import supervised_warm_start
-
     if os.path.exists(os.path.join(path, "config.json")):
         return path
     recipe = load_recipe()
@@ -102,16 +100,7 @@ def warm_start(model_kind: str, seed: int, extra: list[str], path: str) -> str:
     set_seed(seed)
     model, tokenizer = recipe.build_tiny(script_args, seed=seed)
     train, _ = recipe.build_datasets(script_args)
-    supervised_warm_start(
-        model,
-        tokenizer,
-        train["prompt"],
-        train["completion"],
-        steps=script_args.warmstart_steps,
-        batch_size=script_args.warmstart_batch_size,
-        learning_rate=script_args.warmstart_learning_rate,
-        seed=seed,
-    )
+    recipe.warm_start(model, tokenizer, train, script_args, seed=seed)
     tmp = path + ".tmp"
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)

@@ -405,6 +405,24 @@ def build_tiny(script_args: RecipeArguments, seed: int):
     return model, tokenizer
 
 
+def warm_start(model, tokenizer, train_dataset, script_args: RecipeArguments, seed: int, on_step=None) -> list[float]:
+    """Supervised warm start on the dataset's reference completions (the tiny preset imitates an imperfect teacher);
+    returns the losses. Shared with benchmarks/reuse_lm.py, which warm-starts once per seed for all its arms."""
+    from respo_trl.warmstart import supervised_warm_start
+
+    return supervised_warm_start(
+        model,
+        tokenizer,
+        train_dataset["prompt"],
+        train_dataset["completion"],
+        steps=script_args.warmstart_steps,
+        batch_size=script_args.warmstart_batch_size,
+        learning_rate=script_args.warmstart_learning_rate,
+        seed=seed,
+        on_step=on_step,
+    )
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # 3. Data
 # ---------------------------------------------------------------------------------------------------------------------
@@ -641,7 +659,7 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
     from respo_trl import ReSPOTrainer
     from respo_trl.plots import plot_run
     from respo_trl.rewards import ACCURACY_REWARDS, probe_rewards, resolve_reward, reward_name
-    from respo_trl.warmstart import grade, supervised_warm_start
+    from respo_trl.warmstart import grade
 
     logger = get_logger(__name__)
     state = PartialState()
@@ -716,14 +734,11 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
                 bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
 
         model.to(training_args.device)
-        warm_losses = supervised_warm_start(
+        warm_losses = warm_start(
             model,
             tokenizer,
-            train_dataset["prompt"],
-            train_dataset["completion"],
-            steps=script_args.warmstart_steps,
-            batch_size=script_args.warmstart_batch_size,
-            learning_rate=script_args.warmstart_learning_rate,
+            train_dataset,
+            script_args,
             seed=training_args.seed,
             on_step=on_step,
         )
