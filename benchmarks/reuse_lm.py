@@ -274,6 +274,8 @@ def claims(groups: dict[tuple, list[dict]]) -> dict:
 
 def per_pass(arm: dict, steps: int) -> list[dict]:
     """Mean of the kept metrics by reuse pass (1 = the fresh pass) over the first ``steps`` optimizer steps."""
+    if "history" not in arm:
+        raise SystemExit(f"{arm['name']}: no per-step history in this arm's JSON; delete it and rerun the arm to get one")
     reuse, rows = arm["reuse"], [h for h in arm["history"] if h["step"] <= steps]
     table = []
     for p in range(reuse):
