@@ -4,7 +4,9 @@ Why against *generated tokens*: rollout reuse exists to save sampling compute, s
 completion tokens sampled so far (``reuse/generated_tokens``), not against optimizer steps. The gradient-throughput
 panel shows, per advantage sign, how much of the on-policy gradient the loss let through
 (``starvation/grad_throughput/{pos,neg}``) next to TRL's clipped loss on the same batches
-(``starvation/clip_grad_throughput/{pos,neg}``): sign-dependent starvation, visible on every step.
+(``starvation/clip_grad_throughput/{pos,neg}``): sign-dependent starvation, visible on every step. Beside it, the
+gradient norm of each reuse pass relative to its batch's fresh pass (``reuse/grad_norm_vs_fresh``): how large the
+steps on stale rollouts are, which is where ReSPO under reuse can fail (docs/method.md, section 6).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def plot_run(
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, (ax, ax_norm) = plt.subplots(1, 2, figsize=(12, 4))
     for key, label, color, style in THROUGHPUT_KEYS:
         steps, _, values = train_series(log_history, key)
         points = [(x, y) for x, y in zip(steps, values) if y is not None]  # None: no sequence of that sign
@@ -93,6 +95,19 @@ def plot_run(
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
+    by_pass: dict[int, list[tuple[float, float]]] = {}  # the ratio is logged on reuse passes only
+    for log in log_history:
+        if "reuse/grad_norm_vs_fresh" in log and "reuse/pass" in log:
+            by_pass.setdefault(int(log["reuse/pass"]), []).append((log["step"], log["reuse/grad_norm_vs_fresh"]))
+    for p, points in sorted(by_pass.items()):
+        ax_norm.plot(*zip(*points), ".", ms=4, label=f"pass {p}")
+    ax_norm.axhline(1.0, color="k", lw=0.8)
+    ax_norm.set_xlabel("optimizer step")
+    ax_norm.set_ylabel("grad_norm / fresh pass's grad_norm")
+    ax_norm.set_title("step size on reused rollouts")
+    ax_norm.grid(alpha=0.3)
+    if ax_norm.get_legend_handles_labels()[0]:
+        ax_norm.legend(fontsize=8)
     fig.tight_layout()
     paths.append(os.path.join(output_dir, "grad_throughput.png"))
     fig.savefig(paths[-1], dpi=110)
