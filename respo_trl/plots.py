@@ -89,12 +89,7 @@ def plot_run(
         points = [(x, y) for x, y in zip(steps, values) if y is not None]  # None: no sequence of that sign
         if points:
             ax.plot(*zip(*points), linestyle=style, color=color, label=label.format(loss=loss_name))
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("gradient throughput (1 = on-policy)")
-    ax.set_title("gradient throughput by advantage sign")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
+    _label(ax, "gradient throughput by advantage sign", "gradient throughput (1 = on-policy)")
     by_pass: dict[int, list[tuple[float, float]]] = {}  # the ratio is logged on reuse passes only
     for log in log_history:
         if "reuse/grad_norm_vs_fresh" in log and "reuse/pass" in log:
@@ -102,14 +97,16 @@ def plot_run(
     for p, points in sorted(by_pass.items()):
         ax_norm.plot(*zip(*points), ".", ms=4, label=f"pass {p}")
     ax_norm.axhline(1.0, color="k", lw=0.8)
-    ax_norm.set_xlabel("optimizer step")
-    ax_norm.set_ylabel("grad_norm / fresh pass's grad_norm")
-    ax_norm.set_title("step size on reused rollouts")
-    ax_norm.grid(alpha=0.3)
-    if ax_norm.get_legend_handles_labels()[0]:
-        ax_norm.legend(fontsize=8)
+    _label(ax_norm, "step size on reused rollouts", "grad_norm / fresh pass's grad_norm")
     fig.tight_layout()
     paths.append(os.path.join(output_dir, "grad_throughput.png"))
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     return paths
+
+
+def _label(ax, title: str, ylabel: str, xlabel: str = "optimizer step") -> None:
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
