@@ -629,6 +629,10 @@ def print_summary(report: dict) -> None:
         ("optimizer steps", str(report["training"]["global_step"])),
         ("generated tokens", f"{report['training']['generated_tokens']:,}"),
         ("rollout reuse R", str(report["training"]["respo_reuse"])),
+        (
+            "grad norm of reuse passes / fresh",
+            ", ".join(f"{v:.2f}" for v in report["training"]["mean_grad_norm_vs_fresh"].values()) or "n/a (R = 1)",
+        ),
         ("warm-start time", f"{report['time_s']['warm_start']:.0f} s"),
         ("RL time", f"{report['time_s']['train']:.0f} s"),
         ("wall time (this process)", f"{report['time_s']['total']:.0f} s"),
@@ -855,6 +859,10 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
         values = [h.get(f"starvation/{key}") for h in history]
         values = [v for v in values if v is not None and math.isfinite(v)]
         throughput[key] = sum(values) / len(values) if values else None
+    step_size = {}  # mean grad_norm of each reuse pass relative to its batch's fresh pass (docs/method.md, section 6)
+    for h in history:
+        if "reuse/grad_norm_vs_fresh" in h and math.isfinite(h["reuse/grad_norm_vs_fresh"]):
+            step_size.setdefault(f"pass_{int(h['reuse/pass'])}", []).append(h["reuse/grad_norm_vs_fresh"])
     report["training"] = {
         "global_step": trainer.state.global_step,
         "generated_tokens": trainer.rollouts.generated_tokens,
@@ -864,6 +872,7 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
         "reward_first": rewards[0] if rewards else None,
         "reward_last": rewards[-1] if rewards else None,
         "mean_grad_throughput": throughput,
+        "mean_grad_norm_vs_fresh": {k: sum(v) / len(v) for k, v in sorted(step_size.items())},
         "train_runtime_s": train_result.metrics.get("train_runtime"),
         "batch": check_batch_arithmetic(training_args, world, sampled_eval=sampled),
     }

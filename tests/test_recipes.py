@@ -232,6 +232,11 @@ def test_tiny_default_runs_end_to_end_and_resumes_with_its_rollout_buffer(recipe
     assert set(report["training"]["mean_grad_throughput"]) == {
         "grad_throughput/pos", "grad_throughput/neg", "clip_grad_throughput/pos", "clip_grad_throughput/neg"
     }  # fmt: skip
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    fresh = next(h["grad_norm"] for h in history if h.get("reuse/pass") == 1)
+    # R = 4, one batch: passes 2-4 are compared with the fresh pass, unless its gradient was zero (equal rewards)
+    expected = {"pass_2", "pass_3", "pass_4"} if fresh > 0 else set()
+    assert set(report["training"]["mean_grad_norm_vs_fresh"]) == expected
     for name in ("report.json", "accuracy_reward_vs_tokens.png", "grad_throughput.png", "model.safetensors",
                  "trainer_state.json", "tokenizer.json"):  # fmt: skip
         assert (out / name).is_file(), name
