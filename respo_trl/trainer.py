@@ -86,7 +86,7 @@ class ReSPOTrainer(GRPOTrainer):
         self._nonfinite_rows = None
         self._nonfinite_total = 0
         self._tokens_at_step_start = 0
-        self._fresh_grad_norm = None  # grad_norm of the current batch's fresh (first) pass
+        self._fresh_grad_norm = (None, None)  # (generation batch index, grad_norm of its fresh pass)
 
     # -- rollout reuse -----------------------------------------------------------------------------------------------
 
@@ -283,12 +283,14 @@ class ReSPOTrainer(GRPOTrainer):
         # over its batch this optimizer step was and its grad_norm relative to the batch's fresh pass.
         if "grad_norm" in logs and self.model.training and self.state.global_step > 0:
             steps_per_pass = max(1, self.args.steps_per_generation // self.args.gradient_accumulation_steps)
-            pass_index = (self.state.global_step - 1) % (steps_per_pass * self.num_iterations) // steps_per_pass
+            batch_index, step_in_batch = divmod(self.state.global_step - 1, steps_per_pass * self.num_iterations)
+            pass_index = step_in_batch // steps_per_pass
             logs["reuse/pass"] = float(pass_index + 1)
             if pass_index == 0:
-                self._fresh_grad_norm = logs["grad_norm"]
-            elif self._fresh_grad_norm:
-                logs["reuse/grad_norm_vs_fresh"] = logs["grad_norm"] / self._fresh_grad_norm
+                self._fresh_grad_norm = (batch_index, logs["grad_norm"])
+            elif self._fresh_grad_norm[0] == batch_index and self._fresh_grad_norm[1]:
+                # only against this batch's own fresh pass (with logging_steps > 1 it may not have been logged)
+                logs["reuse/grad_norm_vs_fresh"] = logs["grad_norm"] / self._fresh_grad_norm[1]
         super().log(logs, start_time)
 
     # -- checkpointing -------------------------------------------------------------------------------------------------

@@ -183,6 +183,16 @@ def test_reuse_passes_log_grad_norm_against_the_fresh_pass(make_trainer):
         assert reused["reuse/grad_norm_vs_fresh"] == pytest.approx(reused["grad_norm"] / fresh["grad_norm"])
 
 
+def test_grad_norm_ratio_never_compares_with_another_batch(make_trainer):
+    # logging_steps=3 with R=2: logged are step 3 (fresh pass of the second batch) and step 6 (reuse pass of the
+    # third batch, whose fresh step 5 was not logged); step 6 must not be divided by step 3's norm
+    trainer = make_trainer(num_iterations=2, max_steps=6, logging_steps=3)
+    trainer.train()
+    logs = {h["step"]: h for h in trainer.state.log_history if "grad_norm" in h}
+    assert logs[3]["reuse/pass"] == 1 and logs[6]["reuse/pass"] == 2
+    assert "reuse/grad_norm_vs_fresh" not in logs[6]
+
+
 def test_no_refresh_without_a_floor(make_trainer):
     trainer = make_trainer(num_iterations=4, max_steps=4, learning_rate=5e-2)
     trainer.train()
