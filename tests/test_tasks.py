@@ -181,7 +181,14 @@ def test_heldout_split_exports_as_an_eval_math_file_matching_the_recipe(tmp_path
     out = tmp_path / "arith_test.jsonl"
     main(["--out", str(out), "--n", "40"])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    preset = ArithmeticTask(min_terms=3, max_terms=5, max_operand=9, operators="+", teacher_error_rate=0.6)
+    import yaml
+    from conftest import ROOT
+
+    cfg = yaml.safe_load((ROOT / "recipes" / "configs" / "tiny_cpu.yaml").read_text())  # the CLI's defaults follow it
+    preset = ArithmeticTask(
+        min_terms=cfg["task_min_terms"], max_terms=cfg["task_max_terms"], max_operand=cfg["task_max_operand"],
+        operators=cfg["task_operators"], teacher_error_rate=cfg["task_teacher_error_rate"],
+    )  # fmt: skip
     expected = preset.rows("test", 40, seed=0)  # what the recipe holds out (the teacher does not change prompts)
     assert [r["problem"] for r in rows] == [p[-1]["content"] for p in expected["prompt"]]
     assert [r["answer"] for r in rows] == expected["solution"]
