@@ -30,7 +30,7 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from respo_trl.kernels import LossParams, respo_phi, vespo_phi  # noqa: E402
+from respo_trl.kernels import LossParams, respo_coefficients, vespo_phi  # noqa: E402
 
 QWEN3 = {  # published configs (hidden, layers, heads, kv heads, intermediate, tied embeddings)
     "Qwen3-0.6B": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, intermediate_size=3072, tie_word_embeddings=True),
@@ -67,12 +67,12 @@ def dapo_loss(logps, old, adv, mask, num_items):
 
 
 def respo_loss(logps, old, adv, mask, num_items):
-    phi = respo_phi(logps - old, adv, mask, PARAMS).unsqueeze(-1)
-    return (-phi * adv * logps * mask).sum() / num_items
+    coef = respo_coefficients(logps - old, adv, mask, PARAMS)  # (B, T), what ReSPOTrainer.get_gamma_weights returns
+    return (-coef * adv * logps * mask).sum() / num_items
 
 
 def vespo_loss(logps, old, adv, mask, num_items):
-    phi = vespo_phi(logps - old, adv, mask, PARAMS).unsqueeze(-1)
+    phi = vespo_phi(logps - old, adv, mask, PARAMS)  # (B, 1)
     return (-phi * adv * logps * mask).sum() / num_items
 
 

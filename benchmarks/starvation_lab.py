@@ -636,20 +636,21 @@ def _tokens_per_batch(task: Task, cfg: LabConfig) -> float:
 
 
 def run_regime(task: Task, cfg: LabConfig, kernels: dict, base: LossParams, log=print, start: float = 0.0,
-               settings: list[Reuse] | None = None) -> dict:
-    """``{label: {"R=r" | "N=n": metrics}}`` for every kernel and reuse setting at ``cfg.lr``."""
+               settings: list[Reuse] | None = None, same_batch: bool = True) -> dict:
+    """``{label: {"R=r" | "N=n": metrics}}`` for every kernel and reuse setting at ``cfg.lr``; ``same_batch`` adds the
+    same-batch positive-branch counterfactual of every kernel to the ``respo`` runs."""
     tokens_per_batch = _tokens_per_batch(task, cfg)
     start = start or time.perf_counter()
     settings = settings or cfg.settings()
-    same_batch = {label: (name, kernel_params(label, kernels, base)) for label, (name, _) in kernels.items()}
+    counterfactual = {label: (name, kernel_params(label, kernels, base)) for label, (name, _) in kernels.items()}
     results: dict = {}
     for label, (name, _) in kernels.items():
         params = kernel_params(label, kernels, base)
         results[label] = {}
         for setting in settings:
             t0 = time.perf_counter()
-            host = label == SAME_BATCH_HOST and setting.n > 1
-            run = train(task, cfg, name, params, setting, same_batch if host else None)
+            host = same_batch and label == SAME_BATCH_HOST and setting.n > 1
+            run = train(task, cfg, name, params, setting, counterfactual if host else None)
             early = run["early"]
             results[label][setting.key] = r = {
                 "final_reward": _stats([curve[-1] for curve in run["reward"]]),

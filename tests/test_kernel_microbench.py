@@ -25,6 +25,21 @@ def test_losses_agree_on_policy_and_differ_off_policy(bench):
         fn(x).backward()
         grads[name] = x["logp"].grad.clone()
     assert not torch.allclose(grads["respo"], grads["dapo"]) and not torch.allclose(grads["respo"], grads["vespo"])
+    assert not torch.allclose(grads["respo"], grads["respo_mask"])
+
+
+def test_respo_times_the_papers_kernel(bench):
+    # the timed expression's gradient is -phi(W_i) A_i / num_items on every unmasked token, phi the closed forms
+    x = bench.make_inputs(6, 16, "cpu", torch.float32, seed=4)
+    x["old"] = x["logp"].detach() + 0.05 * torch.randn(6, 16, generator=torch.Generator().manual_seed(1))
+    x["logp"].grad = None
+    bench.respo_loss(x).backward()
+    m = x["mask"].double()
+    w = torch.exp(((x["logp"].detach() - x["old"]).double() * m).sum(-1, keepdim=True))
+    a = x["advantages"].double()
+    phi = torch.where(a >= 0, (1 + w) / 2 * torch.exp(1 - w), w.sqrt() * torch.exp(2 * (1 - w.sqrt())))
+    expected = -phi * a * m / x["num_items"].double()
+    torch.testing.assert_close(x["logp"].grad.double(), expected, rtol=1e-5, atol=1e-9)
 
 
 def test_cli_writes_rows_for_every_length_and_method(bench, tmp_path, capsys):
@@ -34,10 +49,10 @@ def test_cli_writes_rows_for_every_length_and_method(bench, tmp_path, capsys):
     data = json.loads(out.read_text())
     assert [row["length"] for row in data["rows"]] == [32, 64]
     for row in data["rows"]:
-        assert set(row["methods"]) == {"dapo", "vespo", "respo", "diagnostics"}
+        assert set(row["methods"]) == {"dapo", "vespo", "respo", "respo_mask", "diagnostics"}
         assert row["methods"]["dapo"]["ratio_to_dapo"] == 1.0
         assert all(m["peak_mb"] > 0 and len(m["samples_ms"]) == 3 for m in row["methods"].values())
-    assert "goal" in data and isinstance(data["goal"]["met"], bool)
+    assert "goal" in data and isinstance(data["goal"]["met"], bool) and isinstance(data["goal"]["met_with_mask"], bool)
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(last)["threads"] == data["machine"]["threads"]
 
