@@ -842,9 +842,11 @@ def plot(result: dict, out_dir: str) -> list[str]:
     return paths
 
 
-def plot_positive_branch(result: dict, path: str) -> str:
+def plot_positive_branch(result: dict, path: str, cap: float = 3.0, min_share: float = 0.05) -> str:
     """The paper's diagnostic: low-weight positives' share of the positive coefficient mass / their head-count share,
-    per kernel and reuse setting (own runs), and every kernel on ReSPO's batches (same-batch counterfactual)."""
+    per kernel and reuse setting (own runs), and every kernel on ReSPO's batches (same-batch counterfactual). Bars are
+    cut at ``cap`` (the value is written on top); faded bars: fewer than ``min_share`` of the positives have
+    ``log W < -1``, too few for the ratio to mean much."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -852,37 +854,44 @@ def plot_positive_branch(result: dict, path: str) -> str:
 
     regimes = result["regimes"]
     keys = [k for k in result["config"]["settings"] if Reuse.parse(k).n > 1]
-    fig, axes = plt.subplots(len(regimes), 2, figsize=(15, 3.8 * len(regimes)), squeeze=False)
+    fig, axes = plt.subplots(len(regimes), 2, figsize=(16, 4.0 * len(regimes)), squeeze=False)
     for row, (regime, res) in zip(axes, regimes.items()):
         labels = list(res["results"])
         width = 0.8 / len(labels)
+        host = res["results"].get(SAME_BATCH_HOST, {})
         for col, source in enumerate(("own", "same")):
             ax = row[col]
             for i, label in enumerate(labels):
-                vals = []
-                for key in keys:
+                for j, key in enumerate(keys):
                     if source == "own":
-                        vals.append(res["results"][label][key]["low_weight_pos"]["mass_ratio"])
+                        low = res["results"][label][key]["low_weight_pos"]
                     else:
-                        host = res["results"].get(SAME_BATCH_HOST, {}).get(key, {}).get("low_weight_same_batch", {})
-                        vals.append(host.get(label, {}).get("mass_ratio", math.nan))
-                xs = [j + (i - (len(labels) - 1) / 2) * width for j in range(len(keys))]
-                ax.bar(xs, [v if v == v else 0 for v in vals], width, color=COLORS.get(label), label=label)
+                        low = host.get(key, {}).get("low_weight_same_batch", {}).get(label)
+                    if low is None or low["mass_ratio"] != low["mass_ratio"]:
+                        continue
+                    x = j + (i - (len(labels) - 1) / 2) * width
+                    v = low["mass_ratio"]
+                    faded = low["share"]["mean"] < min_share
+                    ax.bar(x, min(v, cap), width, color=COLORS.get(label), alpha=0.3 if faded else 1.0,
+                           label=label if j == len(keys) - 1 else None)
+                    if v > cap:
+                        ax.text(x, cap, f"{v:.0f}", ha="center", va="bottom", fontsize=6, rotation=90)
             ax.axhline(1.0, color="k", lw=0.8)
             ax.axhline(1.69, color="tab:blue", lw=0.8, ls=":", label="paper: ReSPO 1.69x")
             ax.axhline(0.93, color="tab:purple", lw=0.8, ls=":", label="paper: VESPO 0.93x")
-            ax.set_xticks(range(len(keys)), keys)
-            shares = [res["results"][SAME_BATCH_HOST][k]["low_weight_pos"]["share"]["mean"]
-                      for k in keys] if SAME_BATCH_HOST in res["results"] else []
+            ax.set_ylim(0, cap * 1.12)
+            share = {k: host[k]["low_weight_pos"]["share"]["mean"] for k in keys if k in host}
+            ax.set_xticks(range(len(keys)), [f"{k}\n({share[k]:.0%})" if k in share and source == "same" else k
+                                             for k in keys])
             what = ("each kernel's own run" if source == "own" else
-                    "every kernel's coefficients on ReSPO's batches (share of low-W positives: " +
-                    ", ".join(f"{k} {s:.0%}" for k, s in zip(keys, shares)) + ")")
-            ax.set_title(f"{regime}: {what}", fontsize=8)
+                    "every kernel's coefficients on ReSPO's batches (in brackets: share of positives with log W < -1)")
+            ax.set_title(f"{regime}: {what}", fontsize=9)
             ax.set_ylabel("mass share / head-count share")
             ax.grid(alpha=0.3, axis="y")
-    axes[0][0].legend(fontsize=7, ncol=3)
-    fig.suptitle("Positive-branch diagnostic (early): coefficient mass of positives with log W < -1 relative to "
-                 "their share of positives (> 1: more than their share)")
+    axes[0][0].legend(fontsize=7, ncol=3, loc="upper left")
+    fig.suptitle("Positive-branch diagnostic (early): coefficient mass of positives with log W < -1 relative to their "
+                 f"share of positives (> 1: more than their share); faded: < {min_share:.0%} of positives below",
+                 fontsize=10)
     fig.tight_layout()
     return _save(fig, os.path.dirname(path) or ".", os.path.basename(path))
 
@@ -960,7 +969,7 @@ def markdown(result: dict) -> str:
                     c = by_s[k]
                     best = max(rs[lab_][k]["final_reward"]["mean"] for lab_ in rs)
                     text = f"{fmt(c['final_reward'])} / {c['reward_at_quarter']['mean']:.3f}"
-                    cells.append(f"**{text}**" if c["final_reward"]["mean"] >= best - 1e-9 else text)
+                    cells.append(f"**{text}**" if c["final_reward"]["mean"] >= best - 5e-4 else text)
                 out.append(f"| {label} | " + " | ".join(cells) + " |")
             out.append("")
         off = [k for k in keys if Reuse.parse(k).n > 1]
