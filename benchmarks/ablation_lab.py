@@ -1,73 +1,75 @@
-"""Ablation lab: which normalisation and which (alpha, lambda) per branch ReSPO should default to.
+"""Ablation lab: does the paper's ReSPO need a normalisation, a token trust mask, or other constants?
 
 What it does
 ------------
 Runs the starvation lab (``benchmarks/starvation_lab.py``: its task, its training loop, its diagnostics; nothing is
 re-simulated here) for ReSPO *variants only*, against clipped token PPO (TRL ``dapo``, the ``ppo`` registry loss) as
-the reference row, in both lab regimes (``moderate``: Adam lr 0.1, ``stress``: lr 1.0), at reuse ``R`` in {1, 4, 8},
-8 seeds. The design is one factor at a time around the spec's starting default (``sqrt``, ``(0.5, 0.5)`` / ``(2, 2)``):
+the reference row, in both lab regimes (``moderate``: Adam lr 0.1, ``stress``: lr 1.0), under both kinds of reuse:
+epochs ``R = 4`` and staleness ``N`` in {8, 32} (the paper's reuse), 8 seeds. ``R = 8`` (a second epoch check) and
+``R = 1`` (the on-policy identity, which the test suite checks at smoke size) are left out of the full run for CPU
+time; ``--settings R=1 R=4 R=8 N=8 N=32`` adds them. One factor at a time around the paper's kernel, the package default
+(``(alpha, beta, lam) = (2, 0.5, 2)`` for ``A >= 0``, ``(1, 0.5, 2)`` for ``A < 0``, ``respo_norm="none"``, no mask):
 
-* normalisation ``respo_norm`` in {none, mean, sqrt, ess} (ess with ``respo_rho_min`` in {0.3, 0.5, 0.8});
-* positive branch ``(alpha_pos, lambda_pos)`` in {(0.25, 0.25), (0.5, 0.5), (0.5, 1), (1, 1)}, plus contrasts
-  outside the spec's regime: ``(0, 0)`` (no correction, ``phi = 1``) and VESPO's ``(2, 3)``;
-* negative branch ``(alpha_neg, lambda_neg)`` in {(1, 1.5), (1, 2), (2, 2), (3, 3), (2, 3), (3, 2)}, plus contrasts
-  ``(0.5, 0.5)`` and ``(0, 0)`` (plain policy gradient on wrong rollouts);
-* phase 2: combined candidates built *automatically* (the top two in-regime levels of each branch by criterion 5,
-  crossed at the best normalisation), so the "looks best" combinations are reproducible, not hand-picked;
-* phase 3: the candidates that pass the bar, re-run with the default and clipped PPO on 8 fresh seeds.
+* normalisation ``respo_norm`` in {mean (GSPO's), sqrt (the retired 0.1 kernel's), ess (rho_min 0.5)}: the spec keeps
+  these options only if evidence earns them a place;
+* token trust mask: ``directional`` (the package's ``respo_trust_mask``, on by default when ``num_iterations > 1``) and
+  ``symmetric`` (a lab-only loss registered here: zero a token's gradient whenever its ratio leaves
+  ``[1 - eps, 1 + eps]``, whatever the advantage's sign: documented to starve low-weight positives);
+* positive branch: ``lam`` 1 or 3 (slope 0 or -1 at ``W = 1``; ``lam = 1`` cuts high-weight positives less:
+  ``phi+(4.5)`` = 0.48 instead of 0.087), ``beta`` 0.25; contrasts ``alpha = 1`` (the negative branch's shape:
+  ``phi+(0) = 0``, a starving positive branch) and ``beta = 0`` (``phi+ = 1``, no correction);
+* negative branch: ``lam`` 1 or 3, ``beta`` 0.25; contrast ``beta = 0`` (``phi- = 1``: plain policy gradient on stale
+  wrong rollouts).
 
-Metrics per variant, regime and R (mean ± sample std over seeds, plus per-seed values): final expected reward; reward
-at a quarter of the budget; early (first-quarter) ``grad_throughput/pos`` and ``/neg`` and ``starved_frac/pos``;
-``max_drop`` (largest drawdown of the seed-mean reward curve: monotonicity); and the seed-paired difference to
-clipped PPO and to the ReSPO default (mean, std, standard error, in reward points). At R = 1 every variant is the
-on-policy run (``phi(1) = 1``): the JSON records the largest R = 1 deviation from clipped PPO's curves as a check.
+Metrics per variant, regime and setting (mean ± sample std over seeds, plus per-seed values): final expected reward;
+reward at a quarter of the budget; early (first-quarter) ``grad_throughput/pos`` and ``/neg``, ``starved_frac/pos``
+and the paper's positive-branch diagnostic (mass ratio of positives with ``log W < -1``); ``max_drop`` (largest
+drawdown of the seed-mean reward curve); the seed-paired difference to clipped PPO and to the paper default (mean, std,
+standard error, in reward points). At ``R = 1`` every variant is the on-policy run (``phi(1) = 1``): the JSON records
+the largest ``R = 1`` deviation from clipped PPO's curve as a check.
 
-Decision rule (1-5 fixed before the runs; ``CRITERIA`` below is the text written into the JSON and the docs)
--------------------------------------------------------------------------------------------------------------
-1. Primary score: the worst case over the two regimes of ``Delta = final reward(variant) - final reward(clipped PPO)``
-   at R = 4, seed-paired, in points.
-2. Adoption bar: a variant replaces the spec default only if, at R = 4, it beats the default in *both* regimes
-   (seed-paired mean difference > 0) and by more than 2 standard errors in at least one of them; and at R = 8 it is
-   not worse than the default by more than 2 standard errors in either regime.
-3. Stability guard: every seed finite, and the seed-mean curve's max drop at R = 4 and R = 8 at most
-   ``max(0.02, clipped PPO's)``.
-4. Only settings inside the spec's regime (``alpha_pos`` in [0, 0.5]; ``alpha_neg`` in [1, 3], ``lambda_neg`` in
-   [1.5, 3]) can become defaults; the other rows are contrasts, reported as findings.
-5. Among the variants that pass 2-4, the best primary score wins; within 1 point, the better worst-case early reward
-   (quarter budget), then the higher early ``grad_throughput/pos`` at R = 4. If none passes, the spec default stays.
+Decision rule (fixed before the runs; ``CRITERIA`` below is the text written into the JSON and the docs)
+-------------------------------------------------------------------------------------------------------
+Primary cells: 2 regimes x {R = 4, N = 8}; check cells: 2 regimes x {R = 8, N = 32}, those that were run (the full
+run: N = 32).
 
-Two guards were added after the first full run (both can only move the result *toward* the spec default):
-
-6. Confirmation: up to three passing candidates are re-run with the default and clipped PPO on 8 fresh seeds
-   (8-15, R = 4 and 8); the best-ranked one that again beats the default at R = 4 in both regimes is adopted (one
-   slot, ~20 variants: selection luck is real).
-7. Parsimony: a changed factor of the winner is reverted to the default when the setting without it also passed
-   2-6 and the seed-paired gap between the two at R = 4, over all 16 seeds, is within 2 SE in both regimes.
+1. Primary score: the worst primary cell's seed-paired ``Delta = final reward(variant) - final reward(clipped PPO)``.
+2. Adoption bar (constants): a variant replaces a paper constant only if it beats the paper default (seed-paired mean
+   > 0) in all four primary cells, by more than 2 SE in at least one, and is not worse than the default by more than
+   2 SE in any check cell.
+3. Stability guard: every seed finite; the seed-mean reward curve's max drop at most max(0.02, clipped PPO's) in every
+   reuse cell.
+4. Confirmation: up to three variants passing 2-3 are re-run with the default and clipped PPO on 8 fresh seeds
+   (8-15) at the primary settings; one is adopted only if it again beats the default in all four primary cells.
+5. Normalisation: an option (``mean``, ``sqrt``, ``ess``) earns its place if it beats ``none`` by more than 2 SE in
+   at least one primary or check cell and passes 3; an option that earns nothing is recommended for removal. It can
+   become the default only through 2 and 4.
+6. Directional trust mask, per kind of reuse. Epochs: it earns the default for ``R > 1`` (``respo_trust_mask="auto"``)
+   if its mean seed-paired gap to no mask over the epoch cells that were run (R = 4 and 8, both regimes) is > 0 and
+   no epoch cell is worse by more than 2 SE. Staleness: the paper-pure default (no mask) stays unless the mask passes 2 restricted to
+   the staleness cells (N = 8 primary, N = 32 check).
+7. The symmetric mask and the contrasts (``phi+ = 1``, ``phi- = 1``, ``alpha_pos = 1``) are never defaults; they are
+   reported as findings.
 
 How to run
 ----------
-    PYTHONPATH=. python benchmarks/ablation_lab.py                         # full grid + phases 2-3, ~7 min
-    PYTHONPATH=. python benchmarks/ablation_lab.py --quick --out /tmp/abl  # smoke size, ~4 s
+    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/ablation_lab.py          # full grid + confirmation, ~9 CPU-min
+    PYTHONPATH=. python benchmarks/ablation_lab.py --quick --out /tmp/abl     # smoke size, seconds
     PYTHONPATH=. python benchmarks/ablation_lab.py --markdown-from docs/benchmarks/ablation_lab.json
-    PYTHONPATH=. python benchmarks/ablation_lab.py --factors neg --reuse 1 4 --seeds 0 1 2   # one factor, cheaper
+    PYTHONPATH=. python benchmarks/ablation_lab.py --factors mask --seeds 0 1 2 --no-confirm --out /tmp/abl
 
 Writes ``--out``/``ablation_lab.json`` (default ``docs/benchmarks``) and ``ablation_lab.png`` (final reward by
-variant, both regimes, R = 4 and 8, error bars = std over seeds, clipped PPO as a band). Runtime: 19 variants
-(phase 1) + up to 4 combinations (phase 2) x 2 regimes x R in {1, 4, 8} x 8 seeds (batched in one pass), then phase 3
-(5 settings x R in {4, 8} x 8 fresh seeds): ~6.5 min with one torch thread on the shared 2-core dev box.
+variant, both regimes, the primary and check settings, error bars = std over seeds, clipped PPO as a band).
 
-Reuse on another setting: :func:`run_ablation` takes a ``runner(variants) -> {regime: {label: {"R=r": metrics}}}``
-with the lab's metric schema (``final_reward``, ``reward_at_quarter``, ``grad_throughput_pos``/``neg``,
-``starved_frac_pos`` as ``{"mean", "std", "per_seed"}``, ``finite``, ``curves.reward`` as ``[seed][batch]``); the
-default :func:`lab_runner` runs the starvation lab at any ``LabConfig``. A tiny-LM runner with the same schema can
-reuse the variants, the scoring and the decision rule unchanged.
+Reuse on another setting: :func:`run_ablation` takes a ``runner(variants) -> {regime: {label: {"R=r"|"N=n":
+metrics}}}`` with the lab's metric schema; the default :func:`lab_runner` runs the starvation lab at any
+``LabConfig``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -82,112 +84,127 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from respo_trl.kernels import LossParams  # noqa: E402
+from benchmarks import starvation_lab as lab  # noqa: E402
 from benchmarks.machine import machine_info  # noqa: E402
+from respo_trl.kernels import POLICY_LOSSES, LossParams, register_policy_loss, respo_coefficients  # noqa: E402
 
 
-def _load_lab():
-    """``benchmarks/starvation_lab.py`` as a module (recipes is not a package)."""
-    if "starvation_lab" in sys.modules:
-        return sys.modules["starvation_lab"]
-    spec = importlib.util.spec_from_file_location("starvation_lab", ROOT / "recipes" / "starvation_lab.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["starvation_lab"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+def respo_symmetric_mask_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, gather=None):
+    """Lab-only: ReSPO's coefficient with a *symmetric* token mask, zero wherever ``r_it`` leaves
+    ``[1 - epsilon_low, 1 + epsilon_high]`` whatever the sign of ``A`` (the variant the directional mask replaced)."""
+    coef = respo_coefficients(log_ratio, advantages, mask, dataclasses.replace(params, respo_trust_mask=False),
+                              sampler_ratio=sampler_ratio, gather=gather)
+    r = torch.exp(log_ratio.detach())
+    keep = ((r >= 1 - params.epsilon_low) & (r <= 1 + params.epsilon_high)).to(coef.dtype)
+    a = advantages.reshape(-1, 1) if advantages.dim() == 1 else advantages
+    return -coef * keep * a * log_ratio
 
 
-lab = _load_lab()
+if "respo_symmetric" not in POLICY_LOSSES:
+    register_policy_loss("respo_symmetric")(respo_symmetric_mask_loss)
 
 CRITERIA = [
-    "1. Primary score: worst case over the two regimes of Delta = final reward(variant) - final reward(clipped PPO) "
-    "at R = 4, seed-paired, in points.",
-    "2. Adoption bar: a variant replaces the spec default only if at R = 4 it beats the default in both regimes "
-    "(seed-paired mean difference > 0) and by more than 2 standard errors in at least one; and at R = 8 it is not "
-    "worse than the default by more than 2 standard errors in either regime.",
-    "3. Stability guard: every seed finite; max drop of the seed-mean reward curve at R = 4 and 8 at most "
-    "max(0.02, clipped PPO's).",
-    "4. Only settings inside the spec's regime (alpha_pos in [0, 0.5]; alpha_neg in [1, 3], lambda_neg in [1.5, 3]) "
-    "can become defaults; the others are contrasts.",
-    "5. Among variants passing 2-4 the best primary score wins; within 1 point, the better worst-case early reward "
-    "(quarter budget), then higher early grad_throughput/pos at R = 4. If none passes, the spec default stays.",
-    "6. Confirmation (added after the first full run, against selection luck among ~20 variants): the passing "
-    "candidates are re-run with the default and clipped PPO on 8 fresh seeds (R = 4 and 8); the best-ranked one that "
-    "again beats the default at R = 4 in both regimes (seed-paired mean > 0) is adopted.",
-    "7. Parsimony (added after the first full run, toward the spec default): a changed factor of the winner is "
-    "reverted to the default when the setting without it also passed 2-6 and the gap between the two at R = 4, "
-    "seed-paired over all their seeds, is within 2 SE in both regimes.",
+    "Primary cells: 2 regimes x {R = 4, N = 8}; check cells: 2 regimes x {R = 8, N = 32}, those that were run.",
+    "1. Primary score: the worst primary cell's seed-paired Delta = final reward(variant) - final reward(clipped PPO), "
+    "in points.",
+    "2. Adoption bar (constants): a variant replaces a paper constant only if it beats the paper default (seed-paired "
+    "mean > 0) in all four primary cells, by more than 2 SE in at least one, and is not worse than the default by more "
+    "than 2 SE in any check cell.",
+    "3. Stability guard: every seed finite; max drop of the seed-mean reward curve at most max(0.02, clipped PPO's) in "
+    "every reuse cell.",
+    "4. Confirmation: up to three variants passing 2-3 are re-run with the default and clipped PPO on 8 fresh seeds at "
+    "the primary settings; one is adopted only if it again beats the default in all four primary cells.",
+    "5. Normalisation: an option (mean, sqrt, ess) earns its place if it beats none by more than 2 SE in at least one "
+    "primary or check cell and passes 3; an option that earns nothing is recommended for removal. It becomes the "
+    "default only through 2 and 4.",
+    "6. Directional trust mask, per kind of reuse. Epochs: it earns the default for R > 1 if its mean seed-paired gap "
+    "to no mask over the epoch cells that were run (R = 4, 8, both regimes) is > 0 and no epoch cell is worse by more "
+    "than 2 SE. "
+    "Staleness: the paper-pure default (no mask) stays unless the mask passes 2 restricted to the staleness cells "
+    "(N = 8 primary, N = 32 check).",
+    "7. The symmetric mask and the contrasts (phi+ = 1, phi- = 1, alpha_pos = 1) are never defaults; they are "
+    "reported as findings.",
 ]
 
-DEFAULT = {"respo_norm": "sqrt", "respo_rho_min": 0.5, "respo_alpha_pos": 0.5, "respo_lambda_pos": 0.5,
-           "respo_alpha_neg": 2.0, "respo_lambda_neg": 2.0}  # the spec's starting defaults (the package's today)
+DEFAULT = {"respo_norm": "none", "respo_rho_min": 0.5, "respo_trust_mask": False,
+           "respo_alpha_pos": 2.0, "respo_beta_pos": 0.5, "respo_lambda_pos": 2.0,
+           "respo_alpha_neg": 1.0, "respo_beta_neg": 0.5, "respo_lambda_neg": 2.0}  # the paper's kernel
 REFERENCE = "ppo_clip"
 DEFAULT_LABEL = "respo"
-PRIMARY_R = 4
-CHECK_R = 8
-MAX_CONFIRM = 3  # phase 3 re-runs at most this many passing candidates
-FACTOR_ORDER = ("reference", "default", "norm", "pos", "neg", "combined")
+PRIMARY = ("R=4", "N=8")
+CHECK = ("R=8", "N=32")
+EPOCH_CELLS = ("R=4", "R=8")
+STALE_PRIMARY, STALE_CHECK = ("N=8",), ("N=32",)
+MAX_CONFIRM = 3
+FACTOR_ORDER = ("reference", "default", "norm", "mask", "pos", "neg")
 
 
 def _num(x: float) -> str:
     return f"{x:g}"
 
 
-def variant_label(overrides: dict) -> str:
+def variant_label(overrides: dict, registry: str = "respo") -> str:
     """A short label for the ReSPO setting that differs from the default by ``overrides``."""
     p = {**DEFAULT, **overrides}
     parts = []
-    if p["respo_norm"] != DEFAULT["respo_norm"] or p["respo_rho_min"] != DEFAULT["respo_rho_min"]:
+    if p["respo_norm"] != DEFAULT["respo_norm"]:
         parts.append(f"norm={p['respo_norm']}" + (f"({_num(p['respo_rho_min'])})" if p["respo_norm"] == "ess" else ""))
-    if (p["respo_alpha_pos"], p["respo_lambda_pos"]) != (DEFAULT["respo_alpha_pos"], DEFAULT["respo_lambda_pos"]):
-        parts.append(f"pos=({_num(p['respo_alpha_pos'])},{_num(p['respo_lambda_pos'])})")
-    if (p["respo_alpha_neg"], p["respo_lambda_neg"]) != (DEFAULT["respo_alpha_neg"], DEFAULT["respo_lambda_neg"]):
-        parts.append(f"neg=({_num(p['respo_alpha_neg'])},{_num(p['respo_lambda_neg'])})")
+    if registry == "respo_symmetric":
+        parts.append("mask=symmetric")
+    elif p["respo_trust_mask"]:
+        parts.append("mask=directional")
+    for sign in ("pos", "neg"):
+        branch = tuple(p[f"respo_{k}_{sign}"] for k in ("alpha", "beta", "lambda"))
+        if branch != tuple(DEFAULT[f"respo_{k}_{sign}"] for k in ("alpha", "beta", "lambda")):
+            parts.append(f"{sign}=({','.join(_num(x) for x in branch)})")
     return " ".join(parts) or DEFAULT_LABEL
 
 
-def in_spec_regime(overrides: dict) -> bool:
-    p = {**DEFAULT, **overrides}
-    return (0.0 <= p["respo_alpha_pos"] <= 0.5 and 1.0 <= p["respo_alpha_neg"] <= 3.0
-            and 1.5 <= p["respo_lambda_neg"] <= 3.0)
+NORM_LEVELS = [{"respo_norm": "mean"}, {"respo_norm": "sqrt"}, {"respo_norm": "ess", "respo_rho_min": 0.5}]
+MASK_LEVELS = [("respo", {"respo_trust_mask": True}), ("respo_symmetric", {})]
+POS_LEVELS = [{"respo_lambda_pos": 1.0}, {"respo_lambda_pos": 3.0}, {"respo_beta_pos": 0.25},
+              {"respo_alpha_pos": 1.0}, {"respo_beta_pos": 0.0}]
+NEG_LEVELS = [{"respo_lambda_neg": 1.0}, {"respo_lambda_neg": 3.0}, {"respo_beta_neg": 0.25}, {"respo_beta_neg": 0.0}]
+CONTRASTS = {"pos=(1,0.5,2)": "contrast: alpha_pos = 1, the negative branch's shape (phi+(0) = 0: starves)",
+             "pos=(2,0,2)": "contrast: phi+ = 1 (no correction on positives)",
+             "neg=(1,0,2)": "contrast: phi- = 1 (plain policy gradient on stale wrong rollouts)",
+             "mask=symmetric": "symmetric token mask (documented to starve low-weight positives)"}
+NOTES = {"norm=mean": "GSPO's geometric mean", "norm=sqrt": "the retired 0.1 kernel's normalisation",
+         "norm=ess(0.5)": "one ESS-based scale per batch", "mask=directional": "respo_trust_mask (auto: on for R > 1)",
+         "pos=(2,0.5,1)": "slope 0 at W = 1; phi+(0) = 0.82, phi+(4.5) = 0.48",
+         "pos=(2,0.5,3)": "slope -1 at W = 1; phi+(0) = 2.24, phi+(4.5) = 0.014",
+         "pos=(2,0.25,2)": "phi+(0) = 1.24, phi+(4.5) = 0.33",
+         "neg=(1,0.5,1)": "slope 0 at W = 1, peak 1 at W = 1",
+         "neg=(1,0.5,3)": "peak 2.46 at W = 1/9", "neg=(1,0.25,2)": "peak 1.36 at W = 1/16", **CONTRASTS}
 
 
-NORM_LEVELS = [{"respo_norm": "none"}, {"respo_norm": "mean"}, {"respo_norm": "sqrt"},
-               {"respo_norm": "ess", "respo_rho_min": 0.3}, {"respo_norm": "ess", "respo_rho_min": 0.5},
-               {"respo_norm": "ess", "respo_rho_min": 0.8}]
-POS_LEVELS = [(0.25, 0.25), (0.5, 0.5), (0.5, 1.0), (1.0, 1.0), (0.0, 0.0), (2.0, 3.0)]
-NEG_LEVELS = [(1.0, 1.5), (1.0, 2.0), (2.0, 2.0), (3.0, 3.0), (2.0, 3.0), (3.0, 2.0), (0.5, 0.5), (0.0, 0.0)]
-NOTES = {"pos=(0,0)": "contrast: phi = 1 (no correction)", "pos=(2,3)": "contrast: VESPO's positive branch",
-         "neg=(3,2)": "VESPO's negative branch", "neg=(0.5,0.5)": "contrast: soft, outside the regime",
-         "neg=(0,0)": "contrast: phi = 1 (plain PG on negatives)", "norm=none": "true product ratio (VESPO)",
-         "norm=mean": "geometric mean (GSPO)", "pos=(1,1)": "alpha_pos > 0.5: outside the spec's regime"}
-
-
-def factor_levels(factor: str) -> list[dict]:
+def factor_levels(factor: str) -> list[tuple[str, dict]]:
     if factor == "norm":
-        return [dict(x) for x in NORM_LEVELS]
+        return [("respo", dict(x)) for x in NORM_LEVELS]
+    if factor == "mask":
+        return [(r, dict(x)) for r, x in MASK_LEVELS]
     if factor == "pos":
-        return [{"respo_alpha_pos": a, "respo_lambda_pos": lam} for a, lam in POS_LEVELS]
+        return [("respo", dict(x)) for x in POS_LEVELS]
     if factor == "neg":
-        return [{"respo_alpha_neg": a, "respo_lambda_neg": lam} for a, lam in NEG_LEVELS]
+        return [("respo", dict(x)) for x in NEG_LEVELS]
     raise ValueError(f"unknown factor {factor!r}")
 
 
-def make_variants(factors=("norm", "pos", "neg"), levels: dict | None = None) -> dict:
-    """``{label: {"registry", "overrides", "factor", "in_regime", "note"}}``: the reference, the default and the
-    one-factor-at-a-time levels (``levels`` may replace a factor's list of overrides, e.g. for a reduced grid)."""
-    variants = {REFERENCE: {"registry": "ppo", "overrides": {}, "factor": "reference", "in_regime": None,
+def make_variants(factors=("norm", "mask", "pos", "neg"), levels: dict | None = None) -> dict:
+    """``{label: {"registry", "overrides", "factor", "contrast", "note"}}``: the reference, the default and the
+    one-factor-at-a-time levels (``levels`` may replace a factor's list of ``(registry, overrides)``)."""
+    variants = {REFERENCE: {"registry": "ppo", "overrides": {}, "factor": "reference", "contrast": None,
                             "note": "clipped token PPO, epsilon 0.2 (TRL dapo)"},
-                DEFAULT_LABEL: {"registry": "respo", "overrides": {}, "factor": "default", "in_regime": True,
-                                "note": "spec starting default: sqrt, (0.5, 0.5) / (2, 2)"}}
+                DEFAULT_LABEL: {"registry": "respo", "overrides": {"respo_trust_mask": False}, "factor": "default",
+                                "contrast": False, "note": "the paper: (2, 0.5, 2) / (1, 0.5, 2), raw W, no mask"}}
     for factor in factors:
-        for overrides in (levels or {}).get(factor, factor_levels(factor)):
+        for registry, overrides in (levels or {}).get(factor, factor_levels(factor)):
             changed = {k: v for k, v in overrides.items() if DEFAULT.get(k) != v}
-            label = variant_label(changed)
+            label = variant_label(changed, registry)
             if label in variants:
                 continue
-            variants[label] = {"registry": "respo", "overrides": changed, "factor": factor,
-                               "in_regime": in_spec_regime(changed), "note": NOTES.get(label, "")}
+            variants[label] = {"registry": registry, "overrides": {"respo_trust_mask": False, **changed},
+                               "factor": factor, "contrast": label in CONTRASTS, "note": NOTES.get(label, "")}
     return variants
 
 
@@ -196,9 +213,10 @@ def make_variants(factors=("norm", "pos", "neg"), levels: dict | None = None) ->
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def lab_runner(cfg, log=print) -> Callable[[dict], dict]:
-    """A runner on the starvation lab at ``cfg`` (any ``LabConfig``): ``variants -> {regime: {label: {"R=r": ...}}}``."""
+def lab_runner(cfg, settings: list[str], log=print) -> Callable[[dict], dict]:
+    """A runner on the starvation lab at ``cfg``: ``variants -> {regime: {label: {"R=r"|"N=n": metrics}}}``."""
     task = lab.Task(cfg, cfg.seeds)
+    reuse = [lab.Reuse.parse(k) for k in settings]
 
     def run(variants: dict) -> dict:
         kernels = {label: (v["registry"], v["overrides"]) for label, v in variants.items()}
@@ -206,11 +224,12 @@ def lab_runner(cfg, log=print) -> Callable[[dict], dict]:
         out = {}
         for regime, lr in cfg.regimes:
             log(f"-- regime {regime!r}: Adam lr {lr}")
-            out[regime] = lab.run_regime(task, dataclasses.replace(cfg, lr=lr), kernels, LossParams(), log, start)
+            out[regime] = lab.run_regime(task, dataclasses.replace(cfg, lr=lr), kernels, LossParams(), log, start,
+                                         settings=reuse, same_batch=False)
         return out
 
     run.regimes = dict(cfg.regimes)
-    run.reuse = tuple(cfg.reuse)
+    run.settings = list(settings)
     run.seeds = tuple(cfg.seeds)
     return run
 
@@ -220,7 +239,7 @@ def _stats(values: list[float]) -> dict:
     n = len(vals)
     mean = sum(vals) / n if n else math.nan
     std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else 0.0
-    return {"mean": mean, "std": std, "se": std / math.sqrt(n) if n else math.nan}
+    return {"mean": mean, "std": std, "se": std / math.sqrt(n) if n else math.nan, "n": n}
 
 
 def max_drop(curve: list[float]) -> float:
@@ -233,12 +252,15 @@ def max_drop(curve: list[float]) -> float:
 
 
 def compact(run: dict, ref: dict | None, default: dict | None) -> dict:
-    """The ablation's metrics of one (variant, regime, R) cell from the lab's result ``run``."""
+    """The ablation's metrics of one (variant, regime, setting) cell from the lab's result ``run``."""
     reward = torch.tensor(run["curves"]["reward"], dtype=torch.float64)  # [seed][batch]
     mean_curve = reward.mean(0).tolist()
     out = {key: {k: run[key][k] for k in ("mean", "std", "per_seed")}
            for key in ("final_reward", "reward_at_quarter", "grad_throughput_pos", "grad_throughput_neg",
-                       "starved_frac_pos", "final_reward_hard", "final_beta")}
+                       "starved_frac_pos", "final_reward_hard", "final_beta", "log_weight_pos")}
+    low = run["low_weight_pos"]
+    out["low_weight_pos"] = {"share": low["share"]["mean"], "mass_share": low["mass_share"]["mean"],
+                             "mass_ratio": low["mass_ratio"]}
     out["max_drop"] = max_drop(mean_curve)
     out["finite"] = all(run["finite"])
     out["mean_reward_curve"] = mean_curve
@@ -251,46 +273,36 @@ def compact(run: dict, ref: dict | None, default: dict | None) -> dict:
 
 
 def _compact_raw(raw: dict) -> dict:
-    """``{regime: {label: {"R=r": lab metrics}}}`` -> the same with :func:`compact` cells (gaps to PPO and default)."""
+    """``{regime: {label: {key: lab metrics}}}`` -> the same with :func:`compact` cells (gaps to PPO and default)."""
     out = {}
     for regime, by_label in raw.items():
         ref, default = by_label[REFERENCE], by_label.get(DEFAULT_LABEL, {})
-        out[regime] = {label: {key: compact(run, ref.get(key), default.get(key)) for key, run in by_r.items()}
-                       for label, by_r in by_label.items()}
+        out[regime] = {label: {key: compact(run, ref.get(key), default.get(key)) for key, run in by_s.items()}
+                       for label, by_s in by_label.items()}
     return out
 
 
-def run_ablation(runner: Callable[[dict], dict], variants: dict, combine: bool = True,
-                 confirm_runner: Callable[[dict], dict] | None = None, log=print) -> dict:
-    """Phase 1 (``variants``), phase 2 (combined candidates), scoring and the decision; with ``confirm_runner``
-    (the same setting on fresh seeds), phase 3 re-runs the candidates that pass the bar, with the default and the
-    reference, and the decision adopts only a confirmed one. Returns the JSON-ready result."""
+def run_ablation(runner: Callable[[dict], dict], variants: dict, confirm_runner: Callable[[dict], dict] | None = None,
+                 log=print) -> dict:
+    """Phase 1 (``variants``), scoring and the decision; with ``confirm_runner`` (the primary settings on fresh seeds),
+    the candidates that pass the bar are re-run with the default and the reference, and only a confirmed one is
+    adopted. Returns the JSON-ready result."""
     start = time.perf_counter()
     raw = runner(variants)
-    variants = dict(variants)
-    if combine:
-        extra = combined_candidates({"variants": variants, "regimes": {
-            g: {"results": cells} for g, cells in _compact_raw(raw).items()}})
-        if extra:
-            log(f"-- phase 2: combined candidates {list(extra)}")
-            raw2 = runner(extra)
-            for regime in raw:
-                raw[regime].update(raw2[regime])
-            variants.update(extra)
     lrs = getattr(runner, "regimes", {})
-    result = {"variants": variants, "criteria": CRITERIA,
+    result = {"variants": dict(variants), "criteria": CRITERIA,
               "regimes": {g: {"lr": lrs.get(g), "results": cells} for g, cells in _compact_raw(raw).items()}}
     result["on_policy_check"] = on_policy_check(raw)
     result["decision"] = decide(result)
     if confirm_runner is not None:
         candidates = result["decision"]["passing"][:MAX_CONFIRM]
-        log(f"-- phase 3: confirmation on fresh seeds of {candidates or 'nothing (no variant passes)'}")
+        log(f"-- confirmation on fresh seeds of {candidates or 'nothing (no variant passes)'}")
         if candidates:
             keep = [REFERENCE, DEFAULT_LABEL, *candidates]
             raw3 = confirm_runner({k: variants[k] for k in keep})
             result["confirmation"] = {
                 "seeds": list(getattr(confirm_runner, "seeds", [])),
-                "reuse": list(getattr(confirm_runner, "reuse", [])),
+                "settings": list(getattr(confirm_runner, "settings", [])),
                 "regimes": {g: {"lr": lrs.get(g), "results": cells} for g, cells in _compact_raw(raw3).items()},
             }
             result["decision"] = decide(result)
@@ -299,7 +311,7 @@ def run_ablation(runner: Callable[[dict], dict], variants: dict, combine: bool =
 
 
 def on_policy_check(raw: dict) -> dict:
-    """Largest |reward curve - clipped PPO's| over R = 1 runs (all variants are the on-policy gradient there)."""
+    """Largest |reward curve - clipped PPO's| and |throughput - 1| over the R = 1 runs (all on-policy)."""
     out = {}
     for regime, by_label in raw.items():
         if "R=1" not in by_label[REFERENCE]:
@@ -317,101 +329,87 @@ def on_policy_check(raw: dict) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _cell(result, regime, label, reuse):
-    return result["regimes"][regime]["results"][label].get(f"R={reuse}")
+def _cell(result, regime, label, key):
+    return result["regimes"][regime]["results"].get(label, {}).get(key)
 
 
-def score(result: dict, label: str, reuse: int = PRIMARY_R) -> dict:
-    """Primary score and tie-breakers of ``label``: worst case over regimes at R = ``reuse``."""
-    regimes = list(result["regimes"])
-    cells = {g: _cell(result, g, label, reuse) for g in regimes}
-    if any(c is None for c in cells.values()):
+def _cells(result: dict, label: str, keys) -> dict:
+    """``{(regime, key): cell}`` for the ``keys`` the result has."""
+    out = {}
+    for g in result["regimes"]:
+        for k in keys:
+            c = _cell(result, g, label, k)
+            if c is not None:
+                out[(g, k)] = c
+    return out
+
+
+def score(result: dict, label: str) -> dict:
+    """Primary score and tie-breakers of ``label``: worst primary cell."""
+    cells = _cells(result, label, PRIMARY)
+    if not cells:
         return {}
     return {
         "worst_vs_ppo_points": min(c["vs_ppo_points"]["mean"] for c in cells.values()),
         "worst_early_reward": min(c["reward_at_quarter"]["mean"] for c in cells.values()),
-        "mean_early_throughput_pos": sum(c["grad_throughput_pos"]["mean"] for c in cells.values()) / len(cells),
+        "mean_vs_default_points": sum(c["vs_default_points"]["mean"] for c in cells.values()) / len(cells),
     }
 
 
-def gate(result: dict, label: str) -> dict:
-    """Criteria 2-4 for ``label`` against the default: ``{"passes": bool, "reasons": [...]}``."""
+def stable(result: dict, label: str) -> list[str]:
+    """Criterion 3: reasons ``label`` fails the stability guard (empty: passes)."""
     reasons = []
-    v = result["variants"][label]
-    if not v.get("in_regime"):
-        reasons.append("outside the spec's regime")
-    regimes = list(result["regimes"])
-    rs = {int(k[2:]) for k in result["regimes"][regimes[0]]["results"][label]}
-    primary = [_cell(result, g, label, PRIMARY_R)["vs_default_points"] for g in regimes]
-    if not all(d["mean"] > 0 for d in primary):
-        reasons.append(f"not better than the default at R={PRIMARY_R} in both regimes ("
-                       + ", ".join(f"{g} {d['mean']:+.1f}" for g, d in zip(regimes, primary)) + " points)")
-    elif not any(d["mean"] > 2 * d["se"] for d in primary):
-        reasons.append(f"better than the default at R={PRIMARY_R} in both regimes but within 2 SE in both")
-    if CHECK_R in rs:
-        for g in regimes:
-            d = _cell(result, g, label, CHECK_R)["vs_default_points"]
-            if d["mean"] < -2 * d["se"]:
-                reasons.append(f"worse than the default at R={CHECK_R} ({g}: {d['mean']:+.1f} points, SE {d['se']:.1f})")
-    for g in regimes:
-        for reuse in sorted(r for r in rs if r > 1 and r in (PRIMARY_R, CHECK_R)):
-            c, ref = _cell(result, g, label, reuse), _cell(result, g, REFERENCE, reuse)
-            if not c["finite"]:
-                reasons.append(f"non-finite run ({g}, R={reuse})")
-            if c["max_drop"] > max(0.02, ref["max_drop"]) + 1e-9:
-                reasons.append(f"seed-mean reward drops by {c['max_drop']:.3f} ({g}, R={reuse})")
-    return {"passes": not reasons, "reasons": reasons}
+    for (g, k), c in _cells(result, label, PRIMARY + CHECK).items():
+        ref = _cell(result, g, REFERENCE, k)
+        if not c["finite"]:
+            reasons.append(f"non-finite run ({g}, {k})")
+        if c["max_drop"] > max(0.02, ref["max_drop"]) + 1e-9:
+            reasons.append(f"seed-mean reward drops by {c['max_drop']:.3f} ({g}, {k})")
+    return reasons
 
 
-def _best(result: dict, labels: list[str]) -> str | None:
-    """Criterion 5: best primary score; within 1 point of it, the better worst-case early reward, then the higher
-    early positive throughput."""
-    scored = {k: score(result, k) for k in labels}
-    scored = {k: s for k, s in scored.items() if s}
-    if not scored:
-        return None
-    top = max(s["worst_vs_ppo_points"] for s in scored.values())
-    close = [k for k, s in scored.items() if s["worst_vs_ppo_points"] >= top - 1.0]
-    return max(close, key=lambda k: (scored[k]["worst_early_reward"], scored[k]["mean_early_throughput_pos"]))
-
-
-def ranked(result: dict, labels: list[str]) -> list[str]:
-    """``labels`` in the order of criterion 5 (best first)."""
-    left, out = list(labels), []
-    while left:
-        best = _best(result, left)
-        if best is None:
-            break
-        out.append(best)
-        left.remove(best)
-    return out
+def bar(result: dict, label: str, primary=PRIMARY, check=CHECK) -> list[str]:
+    """Criterion 2 against the default on the given cells: reasons it fails (empty: passes)."""
+    reasons = []
+    cells = _cells(result, label, primary)
+    gaps = {gk: c["vs_default_points"] for gk, c in cells.items()}
+    if not all(d["mean"] > 0 for d in gaps.values()):
+        reasons.append("not better than the default in every primary cell (" + ", ".join(
+            f"{g} {k} {d['mean']:+.1f}" for (g, k), d in gaps.items()) + " points)")
+    elif not any(d["mean"] > 2 * d["se"] for d in gaps.values()):
+        reasons.append("better than the default in every primary cell but within 2 SE in all")
+    for (g, k), c in _cells(result, label, check).items():
+        d = c["vs_default_points"]
+        if d["mean"] < -2 * d["se"]:
+            reasons.append(f"worse than the default at {k} ({g}: {d['mean']:+.1f} points, SE {d['se']:.1f})")
+    return reasons
 
 
 def confirm(result: dict, label: str) -> dict | None:
-    """Phase 3 verdict: on the fresh seeds, ``label`` beats the default at R = 4 in both regimes (paired mean > 0)."""
+    """Criterion 4: on the fresh seeds, ``label`` beats the default in every primary cell (paired mean > 0)."""
     conf = result.get("confirmation")
     if not conf or label not in next(iter(conf["regimes"].values()))["results"]:
         return None
-    diffs = {g: r["results"][label][f"R={PRIMARY_R}"]["vs_default_points"] for g, r in conf["regimes"].items()}
-    vs_ppo = {g: r["results"][label][f"R={PRIMARY_R}"]["vs_ppo_points"] for g, r in conf["regimes"].items()}
-    return {"confirmed": all(d["mean"] > 0 for d in diffs.values()),
-            "vs_default_points": {g: {k: d[k] for k in ("mean", "se")} for g, d in diffs.items()},
-            "vs_ppo_points": {g: {k: d[k] for k in ("mean", "se")} for g, d in vs_ppo.items()}}
+    gaps = {f"{g} {k}": r["results"][label][k]["vs_default_points"]
+            for g, r in conf["regimes"].items() for k in PRIMARY if k in r["results"][label]}
+    return {"confirmed": all(d["mean"] > 0 for d in gaps.values()),
+            "vs_default_points": {c: {k: d[k] for k in ("mean", "se")} for c, d in gaps.items()}}
 
 
 def decide(result: dict) -> dict:
-    """Apply the criteria: per-factor leaders, the variants that pass the bar (ranked), the confirmation verdicts
-    where phase 3 ran, and the recommended defaults."""
+    """Apply the criteria: per-variant table, constants (2-4), normalisation (5), trust mask (6), contrasts (7)."""
     variants = result["variants"]
-    respo = [k for k, v in variants.items() if v["registry"] == "respo"]
-    table = {k: {**score(result, k), **gate(result, k)} for k in respo if k != DEFAULT_LABEL}
-    table[DEFAULT_LABEL] = {**score(result, DEFAULT_LABEL), "passes": None, "reasons": ["the default itself"]}
-    leaders = {}
-    for factor in ("norm", "pos", "neg", "combined"):
-        in_factor = [k for k in respo if variants[k]["factor"] in (factor, "default") and variants[k]["in_regime"]]
-        if len(in_factor) > 1:
-            leaders[factor] = _best(result, in_factor)
-    passing = ranked(result, [k for k, row in table.items() if row.get("passes")])
+    respo = [k for k, v in variants.items() if v["factor"] not in ("reference",)]
+    table = {}
+    for label in respo:
+        row = {**score(result, label), "stability": stable(result, label)}
+        if label != DEFAULT_LABEL:
+            row["bar"] = bar(result, label)
+        table[label] = row
+    # constants (criteria 2-4): in-family, non-contrast variants of the two branches
+    candidates = [k for k in respo if variants[k]["factor"] in ("pos", "neg") and not variants[k]["contrast"]]
+    passing = [k for k in candidates if not table[k]["bar"] and not table[k]["stability"]]
+    passing.sort(key=lambda k: -table[k]["worst_vs_ppo_points"])
     winner = None
     for label in passing:
         verdict = confirm(result, label)
@@ -419,101 +417,44 @@ def decide(result: dict) -> dict:
             table[label]["confirmation"] = verdict
         if winner is None and (verdict is None or verdict["confirmed"]):
             winner = label
-    ranked_winner, trimmed = winner, []
-    while winner is not None:  # criterion 7: drop the factors of the winner that carry no evidence of their own
-        reduced = _drop_unsupported_factor(result, winner, passing, table)
-        if reduced is None:
-            break
-        trimmed.append(reduced)
-        winner = reduced["to"]
+    # normalisation (criterion 5)
+    norm = {}
+    for label in (k for k in respo if variants[k]["factor"] == "norm"):
+        better = [f"{g} {k}" for (g, k), c in _cells(result, label, PRIMARY + CHECK).items()
+                  if c["vs_default_points"]["mean"] > 2 * c["vs_default_points"]["se"]]
+        worse = [f"{g} {k}" for (g, k), c in _cells(result, label, PRIMARY + CHECK).items()
+                 if c["vs_default_points"]["mean"] < -2 * c["vs_default_points"]["se"]]
+        earns = bool(better) and not table[label]["stability"]
+        norm[label] = {"better_than_none_beyond_2se": better, "worse_than_none_beyond_2se": worse,
+                       "earns_its_place": earns, "becomes_default": False}
+    # trust mask (criterion 6)
+    mask = {}
+    if "mask=directional" in variants:
+        epoch = _cells(result, "mask=directional", EPOCH_CELLS)
+        gaps = [c["vs_default_points"] for c in epoch.values()]
+        mean_gap = sum(d["mean"] for d in gaps) / len(gaps) if gaps else math.nan
+        worse = [f"{g} {k}" for (g, k), c in epoch.items()
+                 if c["vs_default_points"]["mean"] < -2 * c["vs_default_points"]["se"]]
+        stale_bar = bar(result, "mask=directional", STALE_PRIMARY, STALE_CHECK)
+        mask = {"epochs": {"mean_gap_points": mean_gap, "worse_beyond_2se": worse,
+                           "mask_default_for_R_gt_1": bool(gaps) and mean_gap > 0 and not worse},
+                "staleness": {"bar": stale_bar, "mask_default_for_N": not stale_bar}}
     chosen = winner or DEFAULT_LABEL
+    recommended = {**DEFAULT, **{k: v for k, v in variants[chosen]["overrides"].items() if k in DEFAULT}}
     return {
         "table": table,
-        "factor_leaders": leaders,
+        "constants": {"candidates": candidates, "passing": passing, "winner": chosen,
+                      "changes_default": winner is not None},
         "passing": passing,
-        "confirmation_ran": "confirmation" in result,
-        "ranked_winner": ranked_winner,
-        "parsimony": trimmed,
         "winner": chosen,
         "changes_default": winner is not None,
-        "recommended": {**DEFAULT, **variants[chosen]["overrides"]},
-        "best_overall_by_primary_score": _best(result, respo),
+        "confirmation_ran": "confirmation" in result,
+        "normalisation": norm,
+        "trust_mask": mask,
+        "recommended": recommended,
+        "best_overall_by_primary_score": max((k for k in respo if table[k].get("worst_vs_ppo_points") is not None),
+                                             key=lambda k: table[k]["worst_vs_ppo_points"], default=None),
     }
-
-
-FACTOR_KEYS = {"norm": ("respo_norm", "respo_rho_min"), "pos": ("respo_alpha_pos", "respo_lambda_pos"),
-               "neg": ("respo_alpha_neg", "respo_lambda_neg")}
-
-
-def _pooled_finals(result: dict, label: str, regime: str, reuse: int) -> list[float] | None:
-    """Per-seed final rewards of ``label`` over phase 1 and, where it ran ``label``, the confirmation seeds."""
-    out = []
-    for src in (result, result.get("confirmation")):
-        if not src:
-            continue
-        cell = src["regimes"][regime]["results"].get(label, {}).get(f"R={reuse}")
-        if cell is None:
-            if src is result:
-                return None
-            continue
-        out += cell["final_reward"]["per_seed"]
-    return out
-
-
-def _drop_unsupported_factor(result: dict, label: str, passing: list[str], table: dict) -> dict | None:
-    """Criterion 7 (parsimony): if reverting one changed factor of ``label`` to the default gives a setting that
-    also passed (and, where phase 3 ran, was confirmed) and whose seed-paired gap to ``label`` at R = 4, pooled over
-    all seeds that ran both, is within 2 SE in every regime, return ``{"from", "to", "factor", "gap_points"}``."""
-    overrides = result["variants"][label]["overrides"]
-    for factor, keys in FACTOR_KEYS.items():
-        if not any(k in overrides for k in keys):
-            continue
-        reduced = variant_label({k: v for k, v in overrides.items() if k not in keys})
-        row = table.get(reduced)
-        if reduced == DEFAULT_LABEL or reduced not in passing or (row.get("confirmation") or {}).get(
-                "confirmed") is False:
-            continue
-        gaps = {}
-        for regime in result["regimes"]:
-            a = _pooled_finals(result, label, regime, PRIMARY_R)
-            b = _pooled_finals(result, reduced, regime, PRIMARY_R)
-            n = min(len(a or []), len(b or []))
-            if n < 2:
-                break
-            st = _stats([100 * (x - y) for x, y in zip(a[:n], b[:n])])
-            gaps[regime] = {"mean": st["mean"], "se": st["se"], "n": n}
-        if len(gaps) == len(result["regimes"]) and all(g["mean"] <= 2 * g["se"] for g in gaps.values()):
-            return {"from": label, "to": reduced, "factor": factor, "gap_points": gaps}
-    return None
-
-
-def combined_candidates(prelim: dict) -> dict:
-    """Phase 2 candidates from the phase-1 result: the top two in-regime levels (the default among them, criterion 5)
-    of the positive and of the negative branch, crossed at the normalisation leader, plus all three leaders
-    together when the normalisation leader is not the default. Settings already run are skipped."""
-    variants = prelim["variants"]
-
-    def top(factor: str, n: int) -> list[dict]:
-        labels = [k for k, v in variants.items()
-                  if v["registry"] == "respo" and v["factor"] in (factor, "default") and v["in_regime"]]
-        return [variants[k]["overrides"] for k in ranked(prelim, labels)[:n]] if len(labels) > 1 else [{}]
-
-    norm = top("norm", 1)[0]
-    pos, neg = top("pos", 2), top("neg", 2)
-    combos = [{**norm, **p, **n} for p in pos for n in neg]
-    if norm:
-        combos.append({**pos[0], **neg[0]})
-    extra = {}
-    for ov in combos:
-        label = variant_label(ov)
-        if label in variants or label in extra or sum(bool(x) for x in (
-                {k: v for k, v in ov.items() if k.startswith("respo_norm") or k == "respo_rho_min"},
-                {k: v for k, v in ov.items() if k.endswith("_pos")},
-                {k: v for k, v in ov.items() if k.endswith("_neg")})) < 2:
-            continue  # already run, or a single-factor change (phase 1 ran those)
-        extra[label] = {"registry": "respo", "overrides": ov, "factor": "combined", "in_regime": in_spec_regime(ov),
-                        "note": "phase 2: top factor levels combined"}
-    return extra
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -526,8 +467,14 @@ def _ordered(result: dict) -> list[str]:
     return sorted(v, key=lambda k: FACTOR_ORDER.index(v[k]["factor"]))
 
 
+def _keys(result: dict) -> list[str]:
+    regimes = list(result["regimes"])
+    keys = list(result["regimes"][regimes[0]]["results"][REFERENCE])
+    return [k for k in keys if k != "R=1"]
+
+
 def plot(result: dict, path: str) -> str:
-    """Final reward by variant (rows) for each regime at R = 4 and 8, error bars = std over seeds."""
+    """Final reward by variant (rows) for each regime and reuse setting, error bars = std over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -535,122 +482,137 @@ def plot(result: dict, path: str) -> str:
 
     labels = [k for k in _ordered(result) if k != REFERENCE]
     regimes = list(result["regimes"])
-    reuses = [r for r in (PRIMARY_R, CHECK_R) if f"R={r}" in result["regimes"][regimes[0]]["results"][REFERENCE]]
-    colors = {"default": "tab:blue", "norm": "tab:green", "pos": "tab:orange", "neg": "tab:purple",
-              "combined": "black"}
-    fig, axes = plt.subplots(1, len(regimes) * len(reuses), figsize=(3.3 * len(regimes) * len(reuses) + 1.5,
-                             0.28 * len(labels) + 1.6), sharey=True, squeeze=False)
+    keys = _keys(result)
+    colors = {"default": "tab:blue", "norm": "tab:green", "mask": "tab:cyan", "pos": "tab:orange",
+              "neg": "tab:purple"}
+    n = len(regimes) * len(keys)
+    fig, axes = plt.subplots(1, n, figsize=(2.9 * n + 1.8, 0.3 * len(labels) + 1.7), sharey=True, squeeze=False)
     y = list(range(len(labels)))[::-1]
-    for i, (regime, reuse) in enumerate((g, r) for g in regimes for r in reuses):
+    for i, (regime, key) in enumerate((g, k) for g in regimes for k in keys):
         ax = axes[0][i]
         res = result["regimes"][regime]["results"]
-        ref = res[REFERENCE][f"R={reuse}"]["final_reward"]
+        ref = res[REFERENCE][key]["final_reward"]
         ax.axvspan(ref["mean"] - ref["std"], ref["mean"] + ref["std"], color="tab:red", alpha=0.12)
         ax.axvline(ref["mean"], color="tab:red", lw=1.2, label="clipped PPO (± std)")
-        default = res[DEFAULT_LABEL][f"R={reuse}"]["final_reward"]["mean"]
-        ax.axvline(default, color="tab:blue", lw=0.8, ls=":")
+        ax.axvline(res[DEFAULT_LABEL][key]["final_reward"]["mean"], color="tab:blue", lw=0.8, ls=":")
         for yy, label in zip(y, labels):
-            st = res[label][f"R={reuse}"]["final_reward"]
+            st = res[label][key]["final_reward"]
             v = result["variants"][label]
-            ax.errorbar(st["mean"], yy, xerr=st["std"], fmt="o" if v["in_regime"] else "x", capsize=2, ms=4,
+            ax.errorbar(st["mean"], yy, xerr=st["std"], fmt="x" if v["contrast"] else "o", capsize=2, ms=4,
                         color=colors.get(v["factor"], "k"))
-        ax.set_title(f"{regime}, R = {reuse}", fontsize=9)
+        kind = "epochs" if key.startswith("R") else "staleness"
+        ax.set_title(f"{regime}, {kind} {key}", fontsize=9)
         ax.grid(alpha=0.3, axis="x")
         ax.set_xlabel("final expected reward", fontsize=8)
         ax.tick_params(labelsize=7)
-    axes[0][0].set_yticks(y, [lab_ + ("" if result["variants"][lab_]["in_regime"] else " *") for lab_ in labels],
-                          fontsize=7)
+    axes[0][0].set_yticks(y, [lab_ + (" (contrast)" if result["variants"][lab_]["contrast"] else "")
+                              for lab_ in labels], fontsize=7)
     axes[0][0].legend(fontsize=7, loc="lower left")
-    n = len(result["regimes"][regimes[0]]["results"][REFERENCE][f"R={reuses[0]}"]["final_reward"]["per_seed"])
-    fig.suptitle(f"ReSPO ablation (starvation lab): final reward, mean ± std over {n} seeds; "
-                 "* = outside the spec's regime; dotted = ReSPO default", fontsize=9)
+    n_seeds = len(result["regimes"][regimes[0]]["results"][REFERENCE][keys[0]]["final_reward"]["per_seed"])
+    fig.suptitle(f"ReSPO ablation (starvation lab): final reward, mean ± std over {n_seeds} seeds; "
+                 "dotted = the paper's default; x = contrast", fontsize=9)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
 
 def markdown(result: dict) -> str:
-    """The docs tables: final reward and gap to clipped PPO, early diagnostics, the decision."""
+    """The docs tables: final reward and gaps per cell, early diagnostics, the decisions."""
     regimes = list(result["regimes"])
     labels = _ordered(result)
-    reuses = sorted({int(k[2:]) for k in result["regimes"][regimes[0]]["results"][REFERENCE]})
-    big = [r for r in reuses if r > 1]
+    keys = _keys(result)
     dec = result["decision"]
     pm = lambda st, p=3: f"{st['mean']:.{p}f} ± {st['std']:.{p}f}"  # noqa: E731
     pts = lambda st: f"{st['mean']:+.1f} ± {st['se']:.1f}"  # noqa: E731
     out = []
-    for reuse in big:
-        out.append(f"**R = {reuse}: final reward (mean ± std over seeds) and seed-paired gap to clipped PPO in points "
-                   "(mean ± standard error)**\n")
-        out.append("| variant | factor | " + " | ".join(f"{g} final | {g} Δ clip" for g in regimes) + " | worst Δ |")
-        out.append("|---|---|" + "---:|---:|" * len(regimes) + "---:|")
+    for key in keys:
+        kind = "epochs" if key.startswith("R") else "staleness"
+        out.append(f"**{kind} {key}: final reward (mean ± std over seeds); seed-paired gap to clipped PPO and to the "
+                   "paper default in points (mean ± SE)**\n")
+        out.append("| variant | factor | " + " | ".join(f"{g} final | Δ clip | Δ default" for g in regimes) + " |")
+        out.append("|---|---|" + "---:|---:|---:|" * len(regimes))
         for label in labels:
             v = result["variants"][label]
-            cells, worst = [], math.inf
+            cells = []
             for g in regimes:
-                c = _cell(result, g, label, reuse)
-                d = c.get("vs_ppo_points")
-                cells += [pm(c["final_reward"]), "(ref)" if label == REFERENCE else pts(d)]
-                worst = min(worst, d["mean"] if d else math.inf)
+                c = _cell(result, g, label, key)
+                cells += [pm(c["final_reward"]), "(ref)" if label == REFERENCE else pts(c["vs_ppo_points"]),
+                          "-" if label in (REFERENCE, DEFAULT_LABEL) else pts(c["vs_default_points"])]
             name = f"**{label}**" if label in (dec["winner"], DEFAULT_LABEL) else label
-            name += "" if v["in_regime"] in (True, None) else " *"
-            w = "" if label == REFERENCE else f"{worst:+.1f}"
-            out.append(f"| {name} | {v['factor']} | " + " | ".join(cells) + f" | {w} |")
+            out.append(f"| {name}{' (contrast)' if v['contrast'] else ''} | {v['factor']} | " + " | ".join(cells) + " |")
         out.append("")
-    out.append(f"**R = {PRIMARY_R}: early diagnostics (mean over seeds): reward at a quarter of the budget, "
-               "grad_throughput pos / neg, starved_frac pos, max drop of the seed-mean curve; gap to the ReSPO default "
-               "in points (mean ± SE)**\n")
-    out.append("| variant | " + " | ".join(f"{g}: early reward | tp pos / neg | starved | max drop | Δ default"
-                                            for g in regimes) + " |")
-    out.append("|---|" + "---:|---:|---:|---:|---:|" * len(regimes))
-    for label in labels:
-        cells = []
-        for g in regimes:
-            c = _cell(result, g, label, PRIMARY_R)
-            d = c.get("vs_default_points")
-            cells += [f"{c['reward_at_quarter']['mean']:.3f}",
-                      f"{c['grad_throughput_pos']['mean']:.2f} / {c['grad_throughput_neg']['mean']:.2f}",
-                      f"{c['starved_frac_pos']['mean']:.2f}", f"{c['max_drop']:.3f}",
-                      "-" if label == DEFAULT_LABEL or d is None else pts(d)]
-        out.append(f"| {label} | " + " | ".join(cells) + " |")
-    out.append("")
-    out.append("**Decision** (criteria above)\n")
-    out.append("| variant | worst Δ clip @R=4 | worst early reward | passes 2-4 | confirmed (6) | why not |")
+    for key in PRIMARY:
+        if key not in keys:
+            continue
+        out.append(f"**{key}: early diagnostics (mean over seeds): reward at a quarter of the budget; grad_throughput "
+                   "pos / neg; starved_frac pos; low-weight positives' share → mass share (ratio); max drop of the "
+                   "seed-mean curve**\n")
+        out.append("| variant | " + " | ".join(f"{g}: early | tp pos / neg | starved | low-W pos | drop"
+                                                for g in regimes) + " |")
+        out.append("|---|" + "---:|---:|---:|---:|---:|" * len(regimes))
+        for label in labels:
+            cells = []
+            for g in regimes:
+                c = _cell(result, g, label, key)
+                lw = c["low_weight_pos"]
+                low = "-" if lw["share"] != lw["share"] else (
+                    f"{100 * lw['share']:.0f}% → {100 * lw['mass_share']:.0f}% ({lw['mass_ratio']:.2f}x)")
+                cells += [f"{c['reward_at_quarter']['mean']:.3f}",
+                          f"{c['grad_throughput_pos']['mean']:.2f} / {c['grad_throughput_neg']['mean']:.2f}",
+                          f"{c['starved_frac_pos']['mean']:.2f}", low, f"{c['max_drop']:.3f}"]
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+        out.append("")
+    out.append("**Decision: constants (criteria 1-4)**\n")
+    out.append("| variant | worst Δ clip (primary) | mean Δ default (primary) | stability | bar (2) | confirmed (4) |")
     out.append("|---|---:|---:|---|---|---|")
     rows = sorted(dec["table"].items(), key=lambda kv: -kv[1].get("worst_vs_ppo_points", -math.inf))
     for label, row in rows:
-        ok = "-" if row["passes"] is None else ("yes" if row["passes"] else "no")
-        verdict = row.get("confirmation")
-        conf_cell = "" if verdict is None else ("yes" if verdict["confirmed"] else "no") + " (" + ", ".join(
-            f"{g} {d['mean']:+.1f}" for g, d in verdict["vs_default_points"].items()) + ")"
+        bar_text = "-" if label == DEFAULT_LABEL else ("passes" if not row.get("bar") else "; ".join(row["bar"]))
+        conf = row.get("confirmation")
+        conf_text = "" if conf is None else ("yes" if conf["confirmed"] else "no") + " (" + ", ".join(
+            f"{c} {d['mean']:+.1f}" for c, d in conf["vs_default_points"].items()) + ")"
         out.append(f"| {label} | {row.get('worst_vs_ppo_points', math.nan):+.1f} | "
-                   f"{row.get('worst_early_reward', math.nan):.3f} | {ok} | {conf_cell} | {'; '.join(row['reasons'])} |")
+                   f"{row.get('mean_vs_default_points', math.nan):+.1f} | "
+                   f"{'ok' if not row['stability'] else '; '.join(row['stability'])} | {bar_text} | {conf_text} |")
     out.append("")
     conf = result.get("confirmation")
     if conf:
-        out.append(f"**Confirmation on fresh seeds {conf['seeds']}** (R = {PRIMARY_R}; final reward mean ± std, "
-                   "seed-paired gaps in points, mean ± SE)\n")
+        out.append(f"**Confirmation on fresh seeds {conf['seeds']}** (final reward mean ± std; seed-paired gaps in "
+                   "points, mean ± SE)\n")
         names = list(conf["regimes"])
-        out.append("| variant | " + " | ".join(f"{g} final | {g} Δ clip | {g} Δ default" for g in names) + " |")
-        out.append("|---|" + "---:|---:|---:|" * len(names))
+        cks = [k for k in PRIMARY if k in conf["settings"]]
+        out.append("| variant | " + " | ".join(f"{g} {k} final | Δ clip | Δ default" for g in names for k in cks) + " |")
+        out.append("|---|" + "---:|---:|---:|" * (len(names) * len(cks)))
         for label in next(iter(conf["regimes"].values()))["results"]:
             cells = []
             for g in names:
-                c = conf["regimes"][g]["results"][label][f"R={PRIMARY_R}"]
-                cells += [pm(c["final_reward"]), "(ref)" if label == REFERENCE else pts(c["vs_ppo_points"]),
-                          "-" if label == DEFAULT_LABEL else pts(c["vs_default_points"])]
+                for k in cks:
+                    c = conf["regimes"][g]["results"][label][k]
+                    cells += [pm(c["final_reward"]), "(ref)" if label == REFERENCE else pts(c["vs_ppo_points"]),
+                              "-" if label in (REFERENCE, DEFAULT_LABEL) else pts(c["vs_default_points"])]
             out.append(f"| {label} | " + " | ".join(cells) + " |")
         out.append("")
-    out.append(f"Factor leaders (in-regime, primary score): {dec['factor_leaders']}. "
-               f"Best overall by primary score (any regime): {dec['best_overall_by_primary_score']}. "
-               + "".join(f"Parsimony (7): {t['from']} -> {t['to']} (the {t['factor']} change adds "
-                         + ", ".join(f"{g} {v['mean']:+.1f} ± {v['se']:.1f}" for g, v in t["gap_points"].items())
-                         + f" points over {min(v['n'] for v in t['gap_points'].values())} seeds). "
-                         for t in dec.get("parsimony", []))
-               + f"Winner: **{dec['winner']}** ({'changes' if dec['changes_default'] else 'keeps'} the default): "
-               + ", ".join(f"{k}={v}" for k, v in dec["recommended"].items()))
+    if dec["normalisation"]:
+        out.append("**Decision: normalisation (criterion 5)**\n")
+        out.append("| option | better than none (> 2 SE) | worse than none (> 2 SE) | earns its place |")
+        out.append("|---|---|---|---|")
+        for label, n in dec["normalisation"].items():
+            out.append(f"| {label} | {', '.join(n['better_than_none_beyond_2se']) or 'nowhere'} | "
+                       f"{', '.join(n['worse_than_none_beyond_2se']) or 'nowhere'} | "
+                       f"{'yes' if n['earns_its_place'] else 'no'} |")
+        out.append("")
+    if dec["trust_mask"]:
+        m = dec["trust_mask"]
+        out.append("**Decision: directional trust mask (criterion 6)**: epochs: mean gap to no mask "
+                   f"{m['epochs']['mean_gap_points']:+.1f} points over R = 4, 8 x 2 regimes, worse beyond 2 SE at "
+                   f"{m['epochs']['worse_beyond_2se'] or 'none'} -> "
+                   f"{'on for R > 1 (auto)' if m['epochs']['mask_default_for_R_gt_1'] else 'not supported by the lab'}; "
+                   f"staleness: {'mask' if m['staleness']['mask_default_for_N'] else 'no mask (paper-pure) stays'}"
+                   + (f" ({'; '.join(m['staleness']['bar'])})" if m["staleness"]["bar"] else "") + ".\n")
+    out.append(f"Winner (constants): **{dec['winner']}** ({'changes' if dec['changes_default'] else 'keeps'} the "
+               "paper's constants). Recommended: " + ", ".join(f"{k}={v}" for k, v in dec["recommended"].items()))
     chk = result.get("on_policy_check", {})
     if chk:
         out.append("\nR = 1 check (every variant is the on-policy gradient): "
@@ -681,26 +643,30 @@ def write(result: dict, out_dir: str) -> str:
 # Command line
 # ---------------------------------------------------------------------------------------------------------------------
 
-FULL = dict(reuse=(1, 4, 8), seeds=tuple(range(8)))
+FULL_SETTINGS = ["R=4", "N=8", "N=32"]
+FULL = dict(seeds=tuple(range(8)), diag_every=10**9)  # diagnostics on the early updates only
 FULL_CONFIRM_SEEDS = tuple(range(8, 16))
+QUICK_SETTINGS = ["R=1", "R=4", "N=8"]
 QUICK_CONFIRM_SEEDS = (2, 3)
-QUICK = dict(prompts=8, group=8, max_len=64, min_len=16, batches=6, seeds=(0, 1), reuse=(1, 4), diag_every=2)
-QUICK_LEVELS = {"norm": [{"respo_norm": "mean"}, {"respo_norm": "ess", "respo_rho_min": 0.5}],
-                "pos": [{"respo_alpha_pos": 0.25, "respo_lambda_pos": 0.25}],
-                "neg": [{"respo_alpha_neg": 1.0, "respo_lambda_neg": 1.5}]}
+QUICK = dict(prompts=8, group=8, max_len=64, min_len=16, batches=6, seeds=(0, 1), minibatch_prompts=4,
+             diag_every=10**9)
+QUICK_LEVELS = {"norm": [("respo", {"respo_norm": "sqrt"})],
+                "mask": [("respo", {"respo_trust_mask": True}), ("respo_symmetric", {})],
+                "pos": [("respo", {"respo_lambda_pos": 1.0}), ("respo", {"respo_beta_pos": 0.0})],
+                "neg": [("respo", {"respo_lambda_neg": 3.0})]}
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"), help="directory for the JSON and PNG")
     parser.add_argument("--quick", action="store_true", help="smoke size: reduced grid and lab (seconds)")
-    parser.add_argument("--factors", nargs="+", default=["norm", "pos", "neg"], choices=["norm", "pos", "neg"])
-    parser.add_argument("--reuse", nargs="+", type=int, help="reuse values R (default 1 4 8)")
+    parser.add_argument("--factors", nargs="+", default=["norm", "mask", "pos", "neg"],
+                        choices=["norm", "mask", "pos", "neg"])
+    parser.add_argument("--settings", nargs="+", help="reuse settings, e.g. R=1 R=4 N=8 (default R=4 N=8 N=32)")
     parser.add_argument("--seeds", nargs="+", type=int, help="seeds (default 0..7)")
-    parser.add_argument("--batches", type=int, help="generation batches per run (lab default 24)")
-    parser.add_argument("--no-combine", action="store_true", help="skip phase 2 (combined candidates)")
-    parser.add_argument("--confirm-seeds", nargs="+", type=int, help="fresh seeds of phase 3 (default 8..15)")
-    parser.add_argument("--no-confirm", action="store_true", help="skip phase 3 (confirmation on fresh seeds)")
+    parser.add_argument("--batches", type=int, help="budget in generation batches (lab default 24)")
+    parser.add_argument("--confirm-seeds", nargs="+", type=int, help="fresh seeds of the confirmation (default 8..15)")
+    parser.add_argument("--no-confirm", action="store_true", help="skip the confirmation on fresh seeds")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: fastest on the shared box)")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--markdown-from", metavar="JSON", help="print the docs tables of an existing result and exit")
@@ -713,28 +679,33 @@ def main(argv: list[str] | None = None) -> dict:
 
     torch.set_num_threads(args.threads)
     cfg = lab.LabConfig(**(QUICK if args.quick else FULL))
-    overrides = {k: tuple(v) for k, v in (("reuse", args.reuse), ("seeds", args.seeds)) if v}
+    settings = args.settings or (QUICK_SETTINGS if args.quick else FULL_SETTINGS)
+    for key in settings:
+        lab.Reuse.parse(key)
+    overrides = {"seeds": tuple(args.seeds)} if args.seeds else {}
     if args.batches:
         overrides["batches"] = args.batches
     cfg = dataclasses.replace(cfg, **overrides)
     variants = make_variants(args.factors, QUICK_LEVELS if args.quick else None)
-    print(f"ablation lab: {len(variants)} variants x R in {list(cfg.reuse)} x {len(cfg.seeds)} seeds x "
-          f"{len(cfg.regimes)} regimes (+ combined candidates)", flush=True)
+    print(f"ablation lab: {len(variants)} variants x {settings} x {len(cfg.seeds)} seeds x {len(cfg.regimes)} regimes",
+          flush=True)
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     log = lambda line: print(line, flush=True)  # noqa: E731
     confirm_runner = None
     if not args.no_confirm:
         seeds = tuple(args.confirm_seeds or (QUICK_CONFIRM_SEEDS if args.quick else FULL_CONFIRM_SEEDS))
         if set(seeds) & set(cfg.seeds):
             raise SystemExit(f"--confirm-seeds {seeds} must be fresh (phase 1 seeds: {cfg.seeds})")
-        reuse = tuple(r for r in cfg.reuse if r in (PRIMARY_R, CHECK_R))
-        confirm_runner = lab_runner(dataclasses.replace(cfg, seeds=seeds, reuse=reuse), log=log)
-    result = run_ablation(lab_runner(cfg, log=log), variants, combine=not args.no_combine,
-                          confirm_runner=confirm_runner, log=log)
+        primary = [k for k in settings if k in PRIMARY]
+        confirm_runner = lab_runner(dataclasses.replace(cfg, seeds=seeds), primary, log=log)
+    result = run_ablation(lab_runner(cfg, settings, log=log), variants, confirm_runner=confirm_runner, log=log)
     result = {
-        "config": {**dataclasses.asdict(cfg), "default": DEFAULT, "primary_R": PRIMARY_R, "check_R": CHECK_R},
+        "config": {**dataclasses.asdict(cfg), "settings": settings, "default": DEFAULT, "primary": list(PRIMARY),
+                   "check": list(CHECK)},
         **result,
         "runtime_s": time.perf_counter() - t0,
+        "cpu_s": time.process_time() - cpu0,
         "command": "PYTHONPATH=. python benchmarks/ablation_lab.py " + " ".join(argv if argv is not None
                                                                                else sys.argv[1:]),
         "machine": machine_info(),
@@ -744,7 +715,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"wrote {plot(result, os.path.join(args.out, 'ablation_lab.png'))}")
     print()
     print(markdown(result))
-    print(f"\ntotal {result['runtime_s']:.1f}s")
+    print(f"\ntotal {result['runtime_s']:.1f}s wall, {result['cpu_s']:.1f}s CPU")
     return result
 
 
