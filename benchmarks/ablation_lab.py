@@ -7,8 +7,9 @@ re-simulated here) for ReSPO *variants only*, against clipped token PPO (TRL ``d
 the reference row, in both lab regimes (``moderate``: Adam lr 0.1, ``stress``: lr 1.0), under both kinds of reuse:
 epochs ``R = 4`` and staleness ``N`` in {8, 32} (the paper's reuse), 8 seeds. ``R = 8`` (a second epoch check) and
 ``R = 1`` (the on-policy identity, which the test suite checks at smoke size) are left out of the full run for CPU
-time; ``--settings R=1 R=4 R=8 N=8 N=32`` adds them. One factor at a time around the paper's kernel, the package default
-(``(alpha, beta, lam) = (2, 0.5, 2)`` for ``A >= 0``, ``(1, 0.5, 2)`` for ``A < 0``, ``respo_norm="none"``, no mask):
+time; ``--settings R=1 R=4 R=8 N=8 N=32`` adds them. One factor at a time around the paper's kernel, the package
+default (``(alpha, beta, lam) = (2, 0.5, 2)`` for ``A >= 0``, ``(1, 0.5, 2)`` for ``A < 0``, ``respo_norm="none"``,
+no mask):
 
 * normalisation ``respo_norm`` in {mean (GSPO's), sqrt (the retired 0.1 kernel's), ess (rho_min 0.5)}: the spec keeps
   these options only if evidence earns them a place;
@@ -46,8 +47,8 @@ run: N = 32).
    become the default only through 2 and 4.
 6. Directional trust mask, per kind of reuse. Epochs: it earns the default for ``R > 1`` (``respo_trust_mask="auto"``)
    if its mean seed-paired gap to no mask over the epoch cells that were run (R = 4 and 8, both regimes) is > 0 and
-   no epoch cell is worse by more than 2 SE. Staleness: the paper-pure default (no mask) stays unless the mask passes 2 restricted to
-   the staleness cells (N = 8 primary, N = 32 check).
+   no epoch cell is worse by more than 2 SE. Staleness: the paper-pure default (no mask) stays unless the mask
+   passes 2 restricted to the staleness cells (N = 8 primary, N = 32 check).
 7. The symmetric mask and the contrasts (``phi+ = 1``, ``phi- = 1``, ``alpha_pos = 1``) are never defaults; they are
    reported as findings.
 
@@ -105,15 +106,15 @@ if "respo_symmetric" not in POLICY_LOSSES:
 
 CRITERIA = [
     "Primary cells: 2 regimes x {R = 4, N = 8}; check cells: 2 regimes x {R = 8, N = 32}, those that were run.",
-    "1. Primary score: the worst primary cell's seed-paired Delta = final reward(variant) - final reward(clipped PPO), "
-    "in points.",
-    "2. Adoption bar (constants): a variant replaces a paper constant only if it beats the paper default (seed-paired "
-    "mean > 0) in all four primary cells, by more than 2 SE in at least one, and is not worse than the default by more "
-    "than 2 SE in any check cell.",
-    "3. Stability guard: every seed finite; max drop of the seed-mean reward curve at most max(0.02, clipped PPO's) in "
-    "every reuse cell.",
-    "4. Confirmation: up to three variants passing 2-3 are re-run with the default and clipped PPO on 8 fresh seeds at "
-    "the primary settings; one is adopted only if it again beats the default in all four primary cells.",
+    "1. Primary score: the worst primary cell's seed-paired Delta = final reward(variant) - final reward(clipped "
+    "PPO), in points.",
+    "2. Adoption bar (constants): a variant replaces a paper constant only if it beats the paper default "
+    "(seed-paired mean > 0) in all four primary cells, by more than 2 SE in at least one, and is not worse than the "
+    "default by more than 2 SE in any check cell.",
+    "3. Stability guard: every seed finite; max drop of the seed-mean reward curve at most max(0.02, clipped "
+    "PPO's) in every reuse cell.",
+    "4. Confirmation: up to three variants passing 2-3 are re-run with the default and clipped PPO on 8 fresh seeds "
+    "at the primary settings; one is adopted only if it again beats the default in all four primary cells.",
     "5. Normalisation: an option (mean, sqrt, ess) earns its place if it beats none by more than 2 SE in at least one "
     "primary or check cell and passes 3; an option that earns nothing is recommended for removal. It becomes the "
     "default only through 2 and 4.",
@@ -318,8 +319,8 @@ def on_policy_check(raw: dict) -> dict:
             continue
         ref = torch.tensor(by_label[REFERENCE]["R=1"]["curves"]["reward"])
         dev = max(float((torch.tensor(r["R=1"]["curves"]["reward"]) - ref).abs().max()) for r in by_label.values())
-        tp = max(max(abs(r["R=1"]["grad_throughput_pos"]["mean"] - 1), abs(r["R=1"]["grad_throughput_neg"]["mean"] - 1))
-                 for r in by_label.values())
+        tp = max(abs(r["R=1"][f"grad_throughput_{sign}"]["mean"] - 1)
+                 for r in by_label.values() for sign in ("pos", "neg"))
         out[regime] = {"max_abs_reward_deviation": dev, "max_abs_throughput_deviation": tp}
     return out
 
@@ -541,7 +542,8 @@ def markdown(result: dict) -> str:
                 cells += [pm(c["final_reward"]), "(ref)" if label == REFERENCE else pts(c["vs_ppo_points"]),
                           "-" if label in (REFERENCE, DEFAULT_LABEL) else pts(c["vs_default_points"])]
             name = f"**{label}**" if label in (dec["winner"], DEFAULT_LABEL) else label
-            out.append(f"| {name}{' (contrast)' if v['contrast'] else ''} | {v['factor']} | " + " | ".join(cells) + " |")
+            name += " (contrast)" if v["contrast"] else ""
+            out.append(f"| {name} | {v['factor']} | " + " | ".join(cells) + " |")
         out.append("")
     for key in PRIMARY:
         if key not in keys:
@@ -565,11 +567,17 @@ def markdown(result: dict) -> str:
             out.append(f"| {label} | " + " | ".join(cells) + " |")
         out.append("")
     out.append("**Decision: constants (criteria 1-4)**\n")
-    out.append("| variant | worst Δ clip (primary) | mean Δ default (primary) | stability | bar (2) | confirmed (4) |")
+    out.append("| variant | worst Δ clip (primary) | mean Δ default (primary) | stability (3) | bar (2) | "
+               "confirmed (4) |")
     out.append("|---|---:|---:|---|---|---|")
-    rows = sorted(dec["table"].items(), key=lambda kv: -kv[1].get("worst_vs_ppo_points", -math.inf))
+    constants = {k: row for k, row in dec["table"].items()
+                 if result["variants"][k]["factor"] in ("default", "pos", "neg")}
+    rows = sorted(constants.items(), key=lambda kv: -kv[1].get("worst_vs_ppo_points", -math.inf))
     for label, row in rows:
+        contrast = result["variants"][label]["contrast"]
         bar_text = "-" if label == DEFAULT_LABEL else ("passes" if not row.get("bar") else "; ".join(row["bar"]))
+        if contrast:
+            bar_text = f"{bar_text} (contrast: never a default, 7)"
         conf = row.get("confirmation")
         conf_text = "" if conf is None else ("yes" if conf["confirmed"] else "no") + " (" + ", ".join(
             f"{c} {d['mean']:+.1f}" for c, d in conf["vs_default_points"].items()) + ")"
@@ -583,7 +591,8 @@ def markdown(result: dict) -> str:
                    "points, mean ± SE)\n")
         names = list(conf["regimes"])
         cks = [k for k in PRIMARY if k in conf["settings"]]
-        out.append("| variant | " + " | ".join(f"{g} {k} final | Δ clip | Δ default" for g in names for k in cks) + " |")
+        heads = [f"{g} {k} final | Δ clip | Δ default" for g in names for k in cks]
+        out.append("| variant | " + " | ".join(heads) + " |")
         out.append("|---|" + "---:|---:|---:|" * (len(names) * len(cks)))
         for label in next(iter(conf["regimes"].values()))["results"]:
             cells = []
@@ -603,16 +612,38 @@ def markdown(result: dict) -> str:
                        f"{', '.join(n['worse_than_none_beyond_2se']) or 'nowhere'} | "
                        f"{'yes' if n['earns_its_place'] else 'no'} |")
         out.append("")
+    masks = [k for k in labels if result["variants"][k]["factor"] == "mask"]
+    if masks:
+        out.append("**Token masks: seed-paired gap to the paper default (no mask) in points (mean ± SE), and the "
+                   "low-weight positives' mass ratio (early)**\n")
+        out.append("| mask | " + " | ".join(f"{g} {k}" for k in keys for g in regimes) + " |")
+        out.append("|---|" + "---:|" * (len(keys) * len(regimes)))
+        for label in masks:
+            cells = []
+            for k in keys:
+                for g in regimes:
+                    c = _cell(result, g, label, k)
+                    cells.append(f"{pts(c['vs_default_points'])} ({c['low_weight_pos']['mass_ratio']:.2f}x)")
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+        ref = [f"{_cell(result, g, DEFAULT_LABEL, k)['low_weight_pos']['mass_ratio']:.2f}x" for k in keys
+               for g in regimes]
+        out.append("| (no mask: ratio) | " + " | ".join(ref) + " |")
+        out.append("")
     if dec["trust_mask"]:
         m = dec["trust_mask"]
+        epoch = [k for k in EPOCH_CELLS if k in keys]
+        verdict = "on for R > 1 (auto)" if m["epochs"]["mask_default_for_R_gt_1"] else "not supported by the lab"
         out.append("**Decision: directional trust mask (criterion 6)**: epochs: mean gap to no mask "
-                   f"{m['epochs']['mean_gap_points']:+.1f} points over R = 4, 8 x 2 regimes, worse beyond 2 SE at "
-                   f"{m['epochs']['worse_beyond_2se'] or 'none'} -> "
-                   f"{'on for R > 1 (auto)' if m['epochs']['mask_default_for_R_gt_1'] else 'not supported by the lab'}; "
+                   f"{m['epochs']['mean_gap_points']:+.1f} points over {', '.join(epoch)} x {len(regimes)} regimes, "
+                   f"worse beyond 2 SE at {', '.join(m['epochs']['worse_beyond_2se']) or 'no cell'} -> {verdict}; "
                    f"staleness: {'mask' if m['staleness']['mask_default_for_N'] else 'no mask (paper-pure) stays'}"
                    + (f" ({'; '.join(m['staleness']['bar'])})" if m["staleness"]["bar"] else "") + ".\n")
+    recommended = dict(dec["recommended"])
+    if dec["trust_mask"].get("epochs", {}).get("mask_default_for_R_gt_1") and not dec["trust_mask"]["staleness"][
+            "mask_default_for_N"]:
+        recommended["respo_trust_mask"] = "'auto' (on for R > 1, off when each sample is used once)"
     out.append(f"Winner (constants): **{dec['winner']}** ({'changes' if dec['changes_default'] else 'keeps'} the "
-               "paper's constants). Recommended: " + ", ".join(f"{k}={v}" for k, v in dec["recommended"].items()))
+               "paper's constants). Recommended: " + ", ".join(f"{k}={v}" for k, v in recommended.items()))
     chk = result.get("on_policy_check", {})
     if chk:
         out.append("\nR = 1 check (every variant is the on-policy gradient): "

@@ -33,7 +33,7 @@ backward above the inputs, gradient included. On CUDA: ``max_memory_allocated`` 
 
 How to run
 ----------
-    PYTHONPATH=. python benchmarks/kernel_microbench.py                      # CPU, writes docs/benchmarks/kernel_microbench.{json,png}
+    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/kernel_microbench.py    # CPU: docs/benchmarks/kernel_microbench.*
     PYTHONPATH=. python benchmarks/kernel_microbench.py --device cuda --out /tmp/kernel_microbench_cuda.json --no-plot
     PYTHONPATH=. python benchmarks/kernel_microbench.py --lengths 1024 --repeats 5    # quick look
 
@@ -273,7 +273,8 @@ def table(rows: list[dict]) -> str:
         for name, m in row["methods"].items():
             ratio = f"{m['ratio_to_dapo']:.2f}x" if name != "diagnostics" else f"({m['ratio_to_dapo']:.2f}x)"
             lines.append(
-                f"| {row['length']} | {name} | {m['median_ms']:.2f} | {m['iqr_ms']:.2f} | {ratio} | {m['peak_mb']:.1f} |"
+                f"| {row['length']} | {name} | {m['median_ms']:.2f} | {m['iqr_ms']:.2f} | {ratio} | "
+                f"{m['peak_mb']:.1f} |"
             )
     return "\n".join(lines)
 
@@ -370,7 +371,8 @@ def main(argv: list[str] | None = None) -> dict:
     compact = {
         "machine": info["device_name"],
         "threads": info["threads"],
-        **{f"{name}_T{row['length']}_ms": round(m["median_ms"], 3) for row in rows for name, m in row["methods"].items()},
+        **{f"{name}_T{row['length']}_ms": round(m["median_ms"], 3)
+           for row in rows for name, m in row["methods"].items()},
         **{f"{name}_over_dapo_T{row['length']}": round(row["methods"][name]["ratio_to_dapo"], 3)
            for row in rows for name in ("respo", "respo_mask")},
         "goal_met": worst <= 1.10,

@@ -1,6 +1,6 @@
 """Starvation lab: sign-dependent gradient starvation under both kinds of rollout reuse, on a simulated policy.
 
-No LLM, CPU only, ~2 min for the full run (one torch thread).
+No LLM, CPU only: ~4 CPU-minutes for the full run (one torch thread), seconds at smoke size.
 
 What it shows
 -------------
@@ -62,7 +62,8 @@ The simulated setting (explicit, so you can judge how far it transfers)
   off-policy drift of aggressive reuse.
 
 What the lab cannot tell you: it has no context/attention, no shared representation beyond ``beta``, no language. It
-shows the mechanism and how each kernel reacts to it; the LLM evidence is the tiny-LM benchmark (``docs/benchmarks.md``).
+shows the mechanism and how each kernel reacts to it; the LLM evidence is the tiny-LM benchmark
+(``docs/benchmarks.md``).
 
 How to run
 ----------
@@ -269,9 +270,9 @@ class Task:
 
     Positions are stored packed: prompt ``p``'s token position ``t < L_p`` is row ``idx[s, p, t]`` of the ``(S, N, V)``
     logit tables (padding points at a spare last row). ``z0`` (S, N, V) prior logits; ``mask`` (S, P, T) completion
-    masks; ``key_idx`` / ``key_pos`` / ``key_tok`` (S, P, K) the rows and positions of the key positions and their answer
-    tokens (``key_valid`` marks the ``K_p <= K`` keys a prompt has); ``need`` (S, P) the number of key hits a correct
-    completion needs; ``hard`` (S, P) which prompts are hard.
+    masks; ``key_idx`` / ``key_pos`` / ``key_tok`` (S, P, K) the rows and positions of the key positions and their
+    answer tokens (``key_valid`` marks the ``K_p <= K`` keys a prompt has); ``need`` (S, P) the number of key hits a
+    correct completion needs; ``hard`` (S, P) which prompts are hard.
     """
 
     def __init__(self, cfg: LabConfig, seeds: tuple[int, ...]):

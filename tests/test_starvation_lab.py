@@ -32,7 +32,7 @@ def phi_neg(w):  # the paper's negative branch (1, 0.5, 2)
     return torch.sqrt(w) * torch.exp(2 * (1 - torch.sqrt(w)))
 
 
-# -- the two kinds of reuse --------------------------------------------------------------------------------------------
+# -- the two kinds of reuse -------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("n", [1, 4, 8, 16, 32])
