@@ -318,12 +318,12 @@ def generation_summary(report: dict) -> str:
     g = report["generation"]
     n = g["n"]
     samples = (
-        ", ".join(f"{name} {count}" for name, count in n.items()) + " samples per problem"
+        "Samples per problem: " + ", ".join(f"{name} {count}" for name, count in n.items()) + ";"
         if isinstance(n, dict)
-        else f"{n} samples per problem"
+        else f"{n} samples per problem,"
     )
     text = (
-        f"{samples}, temperature {g['temperature']}, top-p {g['top_p']}, at most {g['max_new_tokens']} new tokens, "
+        f"{samples} temperature {g['temperature']}, top-p {g['top_p']}, at most {g['max_new_tokens']} new tokens, "
         f"{report['backend']} generation; percentages."
     )
     protocol = report.get("protocol")
@@ -333,7 +333,6 @@ def generation_summary(report: dict) -> str:
             f"Protocol `{protocol['name']}` ({protocol['description']})"
             + (f", with changes: {', '.join(changed)}" if changed else "")
             + ". "
-            + text[0].upper()
-            + text[1:]
+            + text
         )
     return text
