@@ -297,6 +297,13 @@ class RecipeArguments:
         default=True,
         metadata={"help": "One progress bar with reward/accuracy instead of printing every log dict."},
     )
+    dry_run: int = field(
+        default=0,
+        metadata={
+            "help": "Check the configuration as it would run on this many processes, print the batch arithmetic in "
+            "TRL's and the paper's terms, and exit without loading a model, tokenizer or dataset (0: train)."
+        },
+    )
 
 
 def available_presets() -> list[str]:
@@ -364,11 +371,36 @@ def parse_args(argv: list[str] | None = None, num_processes: int | None = None):
     """
     argv = resolve_argv(sys.argv[1:] if argv is None else argv)
     script_args, raw, _ = make_parser(UncheckedConfig).parse_args_and_config(argv)
-    planned = num_processes or int(os.environ.get("WORLD_SIZE", "1"))  # set by accelerate launch / torchrun
+    planned = num_processes or script_args.dry_run or int(os.environ.get("WORLD_SIZE", "1"))  # set by launchers
     extra = derived_overrides(script_args, raw, explicit_flags(argv), planned)
     script_args, training_args, model_args = make_parser().parse_args_and_config([*argv, *extra])
-    validate_args(script_args, training_args, model_args, num_processes=num_processes)
+    validate_args(script_args, training_args, model_args, num_processes=num_processes or script_args.dry_run or None)
     return script_args, training_args, model_args
+
+
+def batch_plan(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: ModelConfig) -> str:
+    """What ``--dry_run P`` prints: the run's batch arithmetic on P processes, in TRL's terms and in the paper's."""
+    processes = script_args.dry_run or training_args.world_size
+    batch = check_batch_arithmetic(training_args, processes)
+    rows = [
+        ("model", model_args.model_name_or_path or f"tiny {script_args.tiny_model}"),
+        ("algorithm (loss_type)", f"{script_args.algorithm or training_args.loss_type} ({training_args.loss_type})"),
+        ("processes", processes),
+        ("per_device_train_batch_size", training_args.per_device_train_batch_size),
+        ("gradient_accumulation_steps", training_args.gradient_accumulation_steps),
+        ("steps_per_generation", training_args.steps_per_generation),
+        ("num_iterations", training_args.num_iterations),
+        ("generation batch (completions)", batch["generation_batch_size"]),
+        ("prompts per rollout batch", batch["prompts_per_generation"]),
+        ("completions per update", batch["completions_per_update"]),
+        ("prompts per update (M)", batch["prompts_per_update"]),
+        ("updates per rollout batch (N)", batch["updates_per_rollout"]),
+        ("total updates (max_steps)", batch["total_updates"]),
+        ("rollout batches", batch["rollout_batches"]),
+        ("output_dir", training_args.output_dir),
+    ]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
 def explicit_flags(argv: list[str]) -> set[str]:
@@ -1252,4 +1284,8 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
 
 
 if __name__ == "__main__":
-    main(*parse_args())
+    parsed = parse_args()
+    if parsed[0].dry_run:
+        print(batch_plan(*parsed))
+    else:
+        main(*parsed)

@@ -217,6 +217,18 @@ def test_paper_batch_arithmetic_for_each_n_on_1_8_and_16_processes(recipe, prese
     assert training.output_dir.endswith(f"-respo-n{n}-seed0")
 
 
+def test_dry_run_prints_the_plan_for_the_process_count_it_names(recipe):
+    args = recipe.parse_args(
+        ["--preset", "paper-qwen3-30b-a3b-base", "--updates_per_rollout", "32", "--use_cpu", "true", "--dry_run", "16"]
+    )
+    plan = dict(line.rsplit("  ", 1) for line in recipe.batch_plan(*args).splitlines())
+    plan = {key.strip(): value.strip() for key, value in plan.items()}
+    assert plan["processes"] == "16" and plan["gradient_accumulation_steps"] == "8"  # 2 x 16 x 8 = 256
+    assert plan["steps_per_generation"] == "256" and plan["prompts per rollout batch"] == "1024"
+    assert plan["updates per rollout batch (N)"] == "32" and plan["rollout batches"] == "32"
+    assert plan["output_dir"] == "outputs/paper-qwen3-30b-a3b-base-respo-n32-seed0"
+
+
 def test_paper_preset_on_fewer_gpus_than_vllm_tensor_parallelism_names_the_field(recipe):
     with pytest.raises(ValueError, match="vllm_tensor_parallel_size 4 does not divide 1 processes"):
         paper_args(recipe, "paper-qwen3-30b-a3b-base", processes=1)
