@@ -75,7 +75,7 @@ DAPO_PREFIX = (
     "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
 )
 DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
-# --algorithm: the paper's comparison as one switch, each entry in TRL's own terms (docs/recipes.md, section 3).
+# --algorithm: the paper's comparison as one switch, each entry in TRL's own terms (docs/recipes.md, section 4).
 ALGORITHMS = {
     "respo": {"loss_type": "respo", "importance_sampling_level": "token"},
     # GRPO with token-level clipping, epsilon 0.2 both sides, token-mean aggregation over the global batch

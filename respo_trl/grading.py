@@ -21,6 +21,10 @@ The metrics (definitions in ``docs/evaluation.md``):
   them that are correct (the expectation under a uniformly random tie-break), so the metric does not depend on sample
   order.
 
+Also here: :func:`dapo_accuracy_reward` (the +1/-1 reward of verl's DAPO reward manager, which the ReSPO paper trains
+with, graded by :func:`grade`) and :func:`length_bins` (accuracy by response length in equal-width bins, as the paper
+reports it; definition in ``docs/evaluation.md``).
+
 Importing this module does not import TRL; :func:`grade` does, on first use.
 """
 
