@@ -11,7 +11,7 @@ other TRL/transformers argument keep their usual meaning.
 
 With no arguments it runs the embedded default, ``--config recipes/configs/tiny_cpu.yaml``: on a CPU, with nothing
 downloaded, a tiny Qwen3 and a character tokenizer are built locally, warm-started by a short supervised fine-tune on
-a built-in multi-step arithmetic task (``respo_trl.tasks``), then trained with ReSPO under 4x rollout reuse: about
+a built-in multi-step arithmetic task (``respo_trl.demo.tasks``), then trained with ReSPO under 4x rollout reuse: about
 220 s on 2 CPU cores, greedy held-out accuracy 21% -> 94% (mean of 3 seeds; docs/recipes.md has the numbers).
 
 Launch lines (presets in recipes/configs/, launch configs in recipes/accelerate/, details in docs/recipes.md):
@@ -113,7 +113,7 @@ class RecipeArguments:
     dataset_name: str = field(
         default="builtin:arithmetic",
         metadata={
-            "help": "Training data: 'builtin:arithmetic' (generated locally, see respo_trl.tasks), a Hub dataset id "
+            "help": "Training data: 'builtin:arithmetic' (generated locally, see respo_trl.demo.tasks), a Hub dataset id "
             "(e.g. 'open-r1/DAPO-Math-17k-Processed') or a local path/data file loadable by datasets.load_dataset."
         },
     )
@@ -434,6 +434,9 @@ def derived_overrides(script_args, training_args, explicit: set[str], num_proces
     contract = script_args.prompts_per_update is not None or script_args.updates_per_rollout is not None
     if contract:
         values.update(paper_batch_fields(script_args, training_args, explicit, num_processes))
+        n = values.pop("updates_per_rollout", None)  # a recipe argument, not a config field
+        if n is not None and n != script_args.updates_per_rollout:
+            extra += ["--updates_per_rollout", str(n)]
     if "{" in (training_args.output_dir or ""):
         accumulation = values.get("gradient_accumulation_steps", training_args.gradient_accumulation_steps)
         n = values.get("steps_per_generation", training_args.steps_per_generation or accumulation) // accumulation
@@ -486,6 +489,14 @@ def paper_batch_fields(script_args, training_args, explicit: set[str], num_proce
             )
         g = fields["gradient_accumulation_steps"] = needed
     N = script_args.updates_per_rollout
+    alias = getattr(training_args, "respo_updates_per_rollout", None)  # ReSPOConfig's own N, the same switch
+    if alias is not None:
+        if "updates_per_rollout" in explicit and N != alias:
+            raise ValueError(
+                f"--updates_per_rollout {N} and --respo_updates_per_rollout {alias} are the same setting (the paper's "
+                "N): pass one of them"
+            )
+        N = fields["updates_per_rollout"] = alias
     given_steps = training_args.steps_per_generation  # None: TRL's default, gradient_accumulation_steps
     if N is None:
         s = given_steps or training_args.gradient_accumulation_steps
@@ -513,7 +524,7 @@ def validate_args(
     """Cheap checks with clear messages, before any model or dataset is loaded. ``num_processes`` is the process count
     the batch arithmetic is checked for (default: the preset's ``expected_num_processes``, or the launch's for presets
     with the paper's batch contract, whose accumulation is derived for the launch)."""
-    from respo_trl.rewards import ACCURACY_REWARDS
+    from respo_trl.demo.rewards import ACCURACY_REWARDS
 
     if script_args.eval_mode not in EVAL_MODES:
         raise ValueError(f"eval_mode must be one of {EVAL_MODES}, got {script_args.eval_mode!r}")
@@ -637,9 +648,9 @@ def check_batch_arithmetic(args: ReSPOConfig, num_processes: int, sampled_eval: 
 
 
 def build_reward(name: str, script_args: RecipeArguments, training_args: ReSPOConfig):
-    """A reward function by name: the registry of ``respo_trl.rewards`` (or a dotted path), plus ``soft_overlong``,
+    """A reward function by name: the registry of ``respo_trl.demo.rewards`` (or a dotted path), plus ``soft_overlong``,
     TRL's ``get_soft_overlong_punishment(max_completion_length, soft_overlong_cache)``."""
-    from respo_trl.rewards import resolve_reward
+    from respo_trl.demo.rewards import resolve_reward
 
     if name != SOFT_OVERLONG:
         return resolve_reward(name)
@@ -711,7 +722,7 @@ def configure_moe(config, training_args: ReSPOConfig, logger) -> dict:
 
 
 def build_tiny(script_args: RecipeArguments, seed: int):
-    from respo_trl.tiny import build_char_tokenizer, tiny_qwen3
+    from respo_trl.demo.tiny import build_char_tokenizer, tiny_qwen3
 
     tokenizer = build_char_tokenizer()
     model = tiny_qwen3(
@@ -731,7 +742,7 @@ def build_tiny(script_args: RecipeArguments, seed: int):
 def warm_start(model, tokenizer, train_dataset, script_args: RecipeArguments, seed: int, on_step=None) -> list[float]:
     """Supervised warm start on the dataset's reference completions (the tiny preset imitates an imperfect teacher);
     returns the losses. Shared with benchmarks/reuse_lm.py, which warm-starts once per seed for all its arms."""
-    from respo_trl.warmstart import supervised_warm_start
+    from respo_trl.demo.warmstart import supervised_warm_start
 
     return supervised_warm_start(
         model,
@@ -816,7 +827,7 @@ def build_datasets(script_args: RecipeArguments):
     if "{problem}" not in template:
         raise ValueError(f"prompt_template {template!r} has no {{problem}} placeholder")
     if script_args.dataset_name.startswith(BUILTIN_PREFIX):
-        from respo_trl.tasks import ArithmeticTask
+        from respo_trl.demo.tasks import ArithmeticTask
 
         task = ArithmeticTask(
             min_terms=script_args.task_min_terms,
@@ -882,7 +893,7 @@ def greedy_accuracy(trainer, dataset, max_new_tokens: int, batch_size: int, rewa
     import torch
     from trl.models import unwrap_model_for_generation
 
-    from respo_trl.warmstart import generate, grade
+    from respo_trl.demo.warmstart import generate, grade
 
     accelerator = trainer.accelerator
     shard = dataset.select(range(accelerator.process_index, len(dataset), accelerator.num_processes))
@@ -1012,9 +1023,9 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
     from trl import get_peft_config
 
     from respo_trl import ReSPOTrainer
-    from respo_trl.plots import plot_run
-    from respo_trl.rewards import ACCURACY_REWARDS, probe_rewards, reward_name
-    from respo_trl.warmstart import grade
+    from respo_trl.demo.plots import plot_run
+    from respo_trl.demo.rewards import ACCURACY_REWARDS, probe_rewards, reward_name
+    from respo_trl.demo.warmstart import grade
 
     logger = get_logger(__name__)
     state = PartialState()

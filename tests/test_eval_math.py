@@ -457,7 +457,7 @@ def test_respo_paper_protocol_end_to_end_with_length_bins_and_card(eval_math, ti
     samples = [json.loads(line) for line in (out / "eval_math_samples.jsonl").read_text().splitlines()]
     assert len(samples) == total and {s["tokens"] for s in samples if s["benchmark"] == "math500"} == {0, 600, 1200, 1800}
 
-    from respo_trl.model_card import render_card
+    from respo_trl.hub.card import render_card
 
     card = str(render_card(output_dir=out, model_name="tiny", args={}, log_history=[], citation=""))
     assert "Protocol `respo-paper` (the ReSPO paper's evaluation" in card

@@ -180,6 +180,11 @@ def test_paper_preset_is_the_papers_training_setup(recipe, preset):
         assert script.reward_funcs == ["dapo_accuracy", "soft_overlong"] and training.reward_weights == [1.0, 1.0]
         assert script.soft_overlong_cache == ramp and training.router_aux_loss_coef > 0
     assert script.eval_mode == "none" and script.algorithm == "respo" and training.loss_type == "respo"
+    # the kernel is ReSPOConfig's default, i.e. the paper's constants, on the raw sequence ratio, no trust mask
+    assert training.kernel_constants == {
+        "alpha_pos": 2.0, "beta_pos": 0.5, "lam_pos": 2.0, "alpha_neg": 1.0, "beta_neg": 0.5, "lam_neg": 2.0
+    }  # fmt: skip
+    assert training.respo_norm == "none" and not training.respo_trust_mask_active
     assert training.output_dir == f"outputs/{preset}-respo-n8-seed0" and training.save_steps == 256
 
 
@@ -259,6 +264,14 @@ def test_overrides_that_break_the_papers_arithmetic_fail_at_parse_time(recipe, e
     """Before any model, tokenizer or dataset is touched: parse_args is the first thing the recipe runs."""
     with pytest.raises(ValueError, match=message):
         paper_args(recipe, "paper-qwen3-1.7b-base", *extra, processes=processes)
+
+
+def test_respo_config_updates_per_rollout_is_the_same_switch(recipe):
+    script, training, _ = paper_args(recipe, "paper-qwen3-1.7b-base", "--respo_updates_per_rollout", "32")
+    assert script.updates_per_rollout == 32 and training.steps_per_generation == 32 * 16
+    assert training.output_dir.endswith("-respo-n32-seed0")
+    with pytest.raises(ValueError, match="are the same setting"):
+        paper_args(recipe, "paper-qwen3-1.7b-base", "--respo_updates_per_rollout", "32", "--updates_per_rollout", "16")
 
 
 def test_consistent_explicit_overrides_are_accepted(recipe):
@@ -449,12 +462,12 @@ def test_dataset_without_the_answer_column_fails_with_the_columns(recipe, tmp_pa
 
 
 def test_a_raising_reward_fails_before_the_warm_start(recipe, tmp_path, monkeypatch):
-    import respo_trl.warmstart
+    import respo_trl.demo.warmstart
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the warm start ran before the reward functions were checked")
 
-    monkeypatch.setattr(respo_trl.warmstart, "supervised_warm_start", forbidden)
+    monkeypatch.setattr(respo_trl.demo.warmstart, "supervised_warm_start", forbidden)
     args = recipe.parse_args(
         [*SMALL, "--reward_funcs", "accuracy", "test_recipes.raising_reward", "--output_dir", str(tmp_path / "o")]
     )
