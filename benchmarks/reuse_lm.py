@@ -55,7 +55,10 @@ LOSS_ARGS = {
     "gspo": ["--loss_type", "grpo", "--importance_sampling_level", "sequence"],
     "vespo": ["--loss_type", "vespo"],
     "respo": ["--loss_type", "respo"],
+    # the paper's kernel without the directional token trust mask under epochs (what 0.2's default turns on)
+    "respo_nomask": ["--loss_type", "respo", "--respo_trust_mask", "none"],
 }
+ALL_LOSSES = tuple(LOSS_ARGS)
 # Per-step metrics kept in each arm's JSON, for the per-pass analysis (--passes-from).
 HISTORY_KEYS = (
     "grad_norm", "entropy", "reward", "offpolicy/ess", "offpolicy/log_weight/min", "offpolicy/log_weight/max",
@@ -293,7 +296,7 @@ def claims(groups: dict[tuple, list[dict]]) -> dict:
             if not respo:
                 continue
             entry = {}
-            for loss in LOSSES:
+            for loss in ALL_LOSSES:
                 other = groups.get((model, loss, setting), [])
                 if loss == "respo" or not other:
                     continue
@@ -349,7 +352,7 @@ def per_pass(arm: dict, steps: int) -> list[dict]:
     return table
 
 
-COLORS = dict(zip(LOSSES, ("tab:red", "tab:orange", "tab:purple", "tab:blue")))
+COLORS = dict(zip(ALL_LOSSES, ("tab:red", "tab:orange", "tab:purple", "tab:blue", "tab:cyan")))
 
 
 def plot(summary: dict, model: str, kind: str, path: Path) -> None:
@@ -363,7 +366,7 @@ def plot(summary: dict, model: str, kind: str, path: Path) -> None:
 
     arms = {k: v for k, v in summary["arms"].items() if v["model"] == model and v["setting"][0] == kind}
     settings = sorted({v["setting"] for v in arms.values()}, key=_order)
-    losses = [loss for loss in LOSSES if any(v["loss"] == loss for v in arms.values())]
+    losses = [loss for loss in ALL_LOSSES if any(v["loss"] == loss for v in arms.values())]
     ncols = max(3, len(settings))
     fig, axes = plt.subplots(3, ncols, figsize=(4.4 * ncols, 10.5), squeeze=False)
 
@@ -493,8 +496,8 @@ def parse(argv=None):
     p.add_argument("--out", default="docs/benchmarks/reuse_lm", help="Output folder (JSON, plots, per-arm runs).")
     p.add_argument("--work", default="outputs/reuse_lm", help="Warm-start checkpoints, per-arm logs, scratch space.")
     p.add_argument("--models", nargs="+", default=["dense", "moe"], choices=["dense", "moe"])
-    p.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES)
-    p.add_argument("--moe_losses", nargs="+", default=None, choices=LOSSES, help="Arms run on MoE (default: --losses).")
+    p.add_argument("--losses", nargs="+", default=list(LOSSES), choices=ALL_LOSSES)
+    p.add_argument("--moe_losses", nargs="+", default=None, choices=ALL_LOSSES, help="Arms on MoE (default: --losses).")
     p.add_argument("--reuse", nargs="*", type=int, default=[1, 2, 4], help="Epoch settings R (none: no epoch arms).")
     p.add_argument("--staleness", nargs="*", type=int, default=[], help="Staleness settings N (the paper's reuse).")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
