@@ -181,10 +181,12 @@ class ReSPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        # ReSPO's own checks first: a bad ReSPO value is reported even where TRL/transformers would fail first on
+        # something else (e.g. bf16 on a CPU).
         self._apply_updates_per_rollout()
-        super().__post_init__()
         self._reconcile_reuse()
         self.validate_respo()
+        super().__post_init__()
 
     def _apply_updates_per_rollout(self) -> None:
         n = self.respo_updates_per_rollout
