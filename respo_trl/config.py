@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .kernels import NORM_MODES
+from .routing_replay import config_problems
 
 TOKEN_IS_MODES = ("token_truncate", "token_mask")
 
@@ -59,6 +60,15 @@ class ReSPOConfig(GRPOConfig):
             Log the starvation and off-policy metrics (``starvation/*``, ``offpolicy/*``, ``respo/*``) on every step,
             for every ``loss_type``. They cost one small all-gather and elementwise work per micro-batch (measured in
             ``docs/diagnostics.md``); the reuse metrics (``reuse/*``) are always logged.
+
+        > Mixture-of-Experts
+
+        respo_routing_replay (`bool`, defaults to `False`):
+            Rollout Routing Replay (R3) for Qwen3-MoE models: record the experts each MoE layer chose for every token
+            during generation and make every log-prob forward (old log-probs and the loss) route each token to those
+            experts, with gating weights recomputed from the current router. Needs transformers generation
+            (``use_vllm=False``); a dense model is rejected when the trainer is built. Logs ``routing/drift``.
+            See ``docs/moe.md``.
     """
 
     loss_type: str = field(
@@ -130,6 +140,14 @@ class ReSPOConfig(GRPOConfig):
         metadata={"help": "Log the starvation/off-policy diagnostics on every step (one small all-gather per micro-batch)."},
     )
 
+    respo_routing_replay: bool = field(
+        default=False,
+        metadata={
+            "help": "Routing Replay (R3) for Qwen3-MoE: replay the experts chosen at generation time in every "
+            "log-prob forward (needs use_vllm=False; see docs/moe.md)."
+        },
+    )
+
     def __post_init__(self):
         super().__post_init__()
         self._reconcile_reuse()
@@ -163,6 +181,8 @@ class ReSPOConfig(GRPOConfig):
             raise ValueError(f"respo_min_ess must be in (0, 1] or None, got {self.respo_min_ess!r}")
         if self.respo_buffer_device not in ("auto", "cpu"):
             raise ValueError(f"respo_buffer_device must be 'auto' or 'cpu', got {self.respo_buffer_device!r}")
+        if self.respo_routing_replay and config_problems(self):
+            raise ValueError("respo_routing_replay=True: " + "; ".join(config_problems(self)))
         if self.loss_type == "respo":
             if self.importance_sampling_level != "token":
                 raise ValueError(

@@ -28,6 +28,7 @@ from .diagnostics import COLUMNS, sequence_stats, summarize
 from .hub import hub_failure
 from .kernels import LOG_RATIO_CLAMP, LossParams, kish_ess, registered_loss_for, respo_phi, sequence_log_weights
 from .model_card import write_trainer_card
+from .routing_replay import RoutingReplayMixin
 
 logger = get_logger(__name__)
 
@@ -39,7 +40,7 @@ RESPO_CITATION = textwrap.dedent("""\
     }""")
 
 
-class ReSPOTrainer(GRPOTrainer):
+class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
     """Drop-in replacement for ``trl.GRPOTrainer`` that trains with ReSPO.
 
     Accepts the same arguments. ``args`` may be a :class:`ReSPOConfig` (any ``loss_type`` works, so baselines run
@@ -87,6 +88,8 @@ class ReSPOTrainer(GRPOTrainer):
         self._nonfinite_total = 0
         self._tokens_at_step_start = 0
         self._fresh_grad_norm = (None, None)  # (generation batch index, grad_norm of its fresh pass)
+        if args.respo_routing_replay:  # MoE Routing Replay (R3): respo_trl/routing_replay.py
+            self.routing_replay = self.attach_routing_replay(self)
 
     # -- rollout reuse -----------------------------------------------------------------------------------------------
 
@@ -133,13 +136,14 @@ class ReSPOTrainer(GRPOTrainer):
         if old is None:
             return False
         completion_ids = batch["completion_ids"]
-        logps, _, _ = self._get_per_token_logps_and_entropies(
-            self.model,
-            torch.cat([batch["prompt_ids"], completion_ids], dim=1),
-            torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
-            completion_ids.size(1),
-            batch_size=self.args.per_device_train_batch_size,
-        )
+        with self.routing_batch(batch):  # MoE Routing Replay: the buffered rows' recorded routes
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.model,
+                torch.cat([batch["prompt_ids"], completion_ids], dim=1),
+                torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
+                completion_ids.size(1),
+                batch_size=self.args.per_device_train_batch_size,
+            )
         mask = batch["completion_mask"] * batch.get("tool_mask", 1)
         s = sequence_log_weights(
             logps - old, mask, self.args.respo_norm, self.args.respo_rho_min, gather=self.accelerator.gather
