@@ -182,8 +182,8 @@ class RoutingReplay:
         weights = weights.to(router_logits.dtype)
         if layer is not None and self._replay is not None:
             with torch.no_grad():
+                # Unrecorded rows use free_indices, so they never count as drift.
                 differs = (free_indices.sort(dim=-1).values != indices.sort(dim=-1).values).any(dim=-1)
-                differs = differs & known.squeeze(-1)
                 self._replay.token_drift |= differs
                 self._replay.stats[0] += differs.sum()
                 self._replay.stats[1] += known.sum()
