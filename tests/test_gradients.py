@@ -58,7 +58,7 @@ def assert_same_grads(a, b):
 
 @pytest.mark.parametrize("with_old_logps", [True, False])
 def test_on_policy_respo_gradient_equals_trl_dapo(make_trainer, tokenizer, with_old_logps):
-    from respo_trl.tiny import tiny_qwen3
+    from respo_trl.demo.tiny import tiny_qwen3
 
     model = tiny_qwen3(tokenizer)
     respo = prepare(make_trainer(model=model))
