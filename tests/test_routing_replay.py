@@ -225,10 +225,15 @@ def test_activation_checkpointing_recomputes_with_the_replayed_routes(recorded, 
 
 
 def test_training_with_routing_replay_logs_drift_and_keeps_routes_with_the_rows(make_trainer):
-    trainer = make_trainer(moe=True, respo_routing_replay=True, respo_reuse=2, steps_per_generation=2, max_steps=4)
+    # respo_min_ess=1.0: the ESS check before the reuse pass (a replayed forward over the whole buffered batch) runs
+    # and, the weights having moved, refreshes the batch (a second recorded generation).
+    trainer = make_trainer(
+        moe=True, respo_routing_replay=True, respo_reuse=2, steps_per_generation=2, max_steps=4, respo_min_ess=1.0
+    )
     trainer.train()
     logs = [h for h in trainer.state.log_history if "routing/drift" in h]
     assert len(logs) == 4
+    assert trainer.rollouts.refreshes == 1
     # Step 1 trains on rollouts of the current weights: the recorded routing is the free routing (end-to-end check
     # that generation records and the loss forward replays the same token positions). Later steps have drifted.
     assert logs[0]["routing/drift"] == 0.0
