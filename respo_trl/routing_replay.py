@@ -76,6 +76,7 @@ class _Replay:
     chunk: torch.Tensor | None = None  # (b, S, L, k): routes of the forward in flight
     chunk_rows: int = 0
     token_drift: torch.Tensor | None = None  # (b*S,) bool: token whose free top-k differs in at least one layer
+    save: bool = True  # keep each layer's routes for a recomputation in backward (activation checkpointing)
     stats: torch.Tensor | None = None  # [slot_drift, slots, token_drift, tokens]
 
 
@@ -162,7 +163,8 @@ class RoutingReplay:
                 self._recording.routes[-1][layer] = indices
                 return None
             routes = self._replay.chunk[:, :, layer].reshape(batch * seq, self.top_k)
-            self._saved[layer].append(routes)
+            if self._replay.save:
+                self._saved[layer].append(routes)
             return self._replayed(module, output, routes, layer=layer)
 
         return hook
@@ -292,9 +294,13 @@ class RoutingReplay:
         return out.to(input_ids.device)
 
     @contextmanager
-    def replaying(self, input_ids: torch.Tensor, routes: torch.Tensor):
+    def replaying(self, input_ids: torch.Tensor, routes: torch.Tensor, save_for_backward: bool | None = None):
         """Every forward of the model inside this context routes its tokens to ``routes`` (``(N, S, L, k)``, aligned
         with ``input_ids``; ``NO_ROUTE`` positions route freely). Chunked forwards are matched to rows in order.
+
+        ``save_for_backward`` (default: whether grad is enabled when the context is entered) keeps the routes for
+        the recomputations of activation checkpointing in the coming backward, and forgets those of any earlier
+        forward. Decided here, outside the model: a reentrant checkpoint runs its forward under ``no_grad``.
 
         On exit :attr:`last_stats` holds ``[slots whose free top-k differs, replayed slots, tokens that differ in at
         least one layer, replayed tokens]`` (a slot is one token in one MoE layer), summed over the forwards.
@@ -305,10 +311,12 @@ class RoutingReplay:
                 f"{self.num_layers} MoE layers x top-{self.top_k}"
             )
         self._enter("replay")
-        for saved in self._saved:
-            saved.clear()  # the previous forward's backward (if any) has run
+        save = torch.is_grad_enabled() if save_for_backward is None else save_for_backward
+        if save:
+            for saved in self._saved:
+                saved.clear()  # a new differentiable forward: the previous one's backward (if any) has run
         stats = torch.zeros(4, dtype=torch.long, device=routes.device)
-        self._replay = _Replay(input_ids=input_ids, routes=routes, stats=stats)
+        self._replay = _Replay(input_ids=input_ids, routes=routes, stats=stats, save=save)
         try:
             yield self
         finally:

@@ -209,6 +209,9 @@ def test_activation_checkpointing_recomputes_with_the_replayed_routes(recorded, 
         model.zero_grad()
         with replay.replaying(input_ids, routes):
             loss = -(_completion_logps(model, input_ids, attention_mask, keep) * completion).sum()
+        other = torch.where(routes >= 0, (routes + 1) % replay.num_experts, routes)  # other experts, same rows
+        with torch.no_grad(), replay.replaying(input_ids, other):  # a no-grad replayed forward before the backward
+            model(input_ids=input_ids, attention_mask=attention_mask)
         loss.backward()  # outside the context, as in TRL (the loss is returned, then backpropagated)
         return [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
