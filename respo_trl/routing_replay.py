@@ -74,7 +74,6 @@ class _Replay:
     routes: torch.Tensor  # (N, S, L, k)
     cursor: int = 0
     chunk: torch.Tensor | None = None  # (b, S, L, k): routes of the forward in flight
-    chunk_rows: int = 0
     token_drift: torch.Tensor | None = None  # (b*S,) bool: token whose free top-k differs in at least one layer
     save: bool = True  # keep each layer's routes for a recomputation in backward (activation checkpointing)
     stats: torch.Tensor | None = None  # [slot_drift, slots, token_drift, tokens]
@@ -225,6 +224,8 @@ class RoutingReplay:
                     f"Routing Replay: forward {step} of the recorded generation fed {tuple(ids.shape)} tokens; only "
                     "KV-cached decoding (prefill, then one token per sequence per forward) can be recorded"
                 )
+        if any(r is None for step in recording.routes for r in step):
+            raise RuntimeError("Routing Replay: a recorded forward did not run every MoE layer")
         fed = torch.cat(recording.input_ids, dim=1).cpu()  # (B, prefill + steps)
         routes = torch.stack([torch.cat([r[layer] for r in recording.routes], dim=1) for layer in range(self.num_layers)], dim=2).cpu()
         decoded = fed.shape[1] - prefill  # completion tokens that were fed back (all but the last sampled one)
@@ -338,7 +339,6 @@ class RoutingReplay:
         replay.chunk = replay.routes[replay.cursor : replay.cursor + rows]
         replay.cursor += rows
         replay.token_drift = torch.zeros(chunk_ids.numel(), dtype=torch.bool, device=replay.routes.device)
-        replay.chunk_rows = chunk_ids.numel()
 
     def _close_chunk(self) -> None:
         replay = self._replay
