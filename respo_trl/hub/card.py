@@ -60,6 +60,7 @@ HYPERPARAMETERS = (
     ("respo_beta_neg", "respo"),
     ("respo_lambda_neg", "respo"),
     ("respo_norm", "respo"),
+    ("respo_rho_min", "respo"),
     ("respo_trust_mask", "respo"),
     ("steps_per_generation", None),
     ("respo_updates_per_rollout", None),
