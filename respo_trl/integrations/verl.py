@@ -1,0 +1,234 @@
+"""ReSPO as verl's ``loss_mode="respo"``: a plugin for stock verl (0.9.1), no fork, no patched workers.
+
+What it does
+    Registers :func:`compute_policy_loss_respo` in verl's policy-loss registry
+    (``verl.trainer.ppo.core_algos.register_policy_loss``). The math is not here: the sequence log-weight and the
+    two-branch kernel come from :mod:`respo_trl.kernels`, the same functions the TRL trainer calls (one kernel, two
+    front ends). This module only adapts verl's tensors and config to them.
+
+How it reaches every Ray worker
+    ``pyproject.toml`` declares this module under the ``verl.plugins`` entry-point group. verl 0.9.1's
+    ``verl/__init__.py`` loads every entry point of that group on ``import verl`` (unless
+    ``VERL_USE_EXTERNAL_PLUGINS=none``), and every verl process, driver or Ray worker, imports ``verl``; so installing
+    ``respo_trl`` into the environment is enough. verl swallows plugin import errors (it logs them at DEBUG), so this
+    module logs its own failures at WARNING before raising. ``VERL_USE_EXTERNAL_MODULES=respo_trl.integrations.verl``
+    is an equivalent explicit route.
+
+Config (``actor_rollout_ref.actor.policy_loss``)
+    verl builds ``PolicyLossConfig`` by Hydra ``_target_`` instantiation, and that dataclass rejects unknown keys. To
+    set ReSPO's constants, point ``_target_`` at :class:`ReSPOPolicyLossConfig` (a subclass with six ``respo_*``
+    fields, validated in ``__post_init__``)::
+
+        actor_rollout_ref.actor.policy_loss.loss_mode=respo \\
+        actor_rollout_ref.actor.policy_loss._target_=respo_trl.integrations.verl.ReSPOPolicyLossConfig \\
+        +actor_rollout_ref.actor.policy_loss.respo_alpha_pos=2.0
+
+    verl instantiates the actor config on the driver in ``validate_config`` before any worker starts, so an
+    out-of-domain value fails there with the field's full name, and a misspelt ``respo_*`` key fails with Hydra's
+    "unexpected keyword argument". Without the ``_target_`` override the paper's constants are used.
+
+Sampler weights (``rollout_is_weights``)
+    verl 0.9.1 passes them as a ``(B, L)`` tensor in two layouts (``algorithm.rollout_correction.rollout_is``):
+    ``token`` (one ratio ``pi_old / pi_rollout`` per token, truncated) or ``sequence`` (one truncated product
+    ``prod_t pi_old / pi_rollout`` per response, *broadcast to every token*). ReSPO folds them into ``log W`` in log
+    space and does not multiply the loss by them again: a token-level weight adds ``sum_t m_it log r_it``, a
+    sequence-level weight adds ``log r_i`` once (summing the broadcast copies would count it ``L_i`` times, which is
+    what a per-token sum does). The layout is ``respo_rollout_is`` (``token``, ``sequence``, or ``auto``: a row whose
+    kept tokens all carry the same weight is read as a broadcast sequence weight). A weight of exactly 0 (IcePop
+    rejection) removes that token (a whole response, for sequence level) from the loss, as verl's own losses do by
+    multiplying by it; it is not read as ``log W = -inf``, which ReSPO's positive branch would *amplify*.
+
+Metrics (per micro-batch; verl averages them over micro-batches and data-parallel ranks)
+    ``respo/phi_mean/{pos,neg}`` (0 for a micro-batch with no response of that sign), ``respo/phi_{min,max}``,
+    ``respo/log_w_mean``, the paper's positive-branch diagnostic ``respo/pos_low_weight_{share,mass_share,mass_ratio}``
+    (positives with ``log W < -1``: their share of positives, their share of the positive coefficient mass, and the
+    ratio) and verl's ``actor/ppo_kl``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+import torch
+
+_logger = logging.getLogger(__name__)
+
+INSTALL_HINT = (
+    "respo_trl.integrations.verl needs verl 0.9.1 and its pinned stack, in an environment of its own (they clash "
+    "with TRL 1.16's). From a checkout: `pip install torch==2.13.0 && pip install -r requirements/verl.txt && "
+    "pip install --no-deps -e .` (docs/verl.md)."
+)
+
+try:
+    from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
+    from verl.utils.torch_functional import masked_mean
+    from verl.workers.config import PolicyLossConfig
+except ImportError as exc:  # verl missing, or a verl whose layout differs from 0.9.1's
+    _logger.warning("respo_trl could not register loss_mode='respo' with verl: %s", exc)
+    raise ImportError(f"{INSTALL_HINT} (import failed: {exc})") from exc
+
+# One kernel, two front ends: the math lives in respo_trl.kernels / respo_trl.diagnostics.
+try:
+    from respo_trl.diagnostics import positive_low_weight_stats
+    from respo_trl.kernels import RESPO_DEFAULTS, respo_kernel, sequence_log_weight, validate_respo_constants
+except ImportError:  # TEMPORARY: until main's version-2 kernel is merged (see _pending_kernel.py)
+    from respo_trl.integrations._pending_kernel import (  # noqa: F401
+        RESPO_DEFAULTS,
+        positive_low_weight_stats,
+        respo_kernel,
+        sequence_log_weight,
+        validate_respo_constants,
+    )
+
+__all__ = ["ReSPOPolicyLossConfig", "compute_policy_loss_respo", "respo_constants", "CONFIG_PREFIX"]
+
+CONFIG_PREFIX = "actor_rollout_ref.actor.policy_loss"
+ROLLOUT_IS_LEVELS = ("auto", "token", "sequence")
+_KEYS = {f"respo_{name}": name for name in RESPO_DEFAULTS}  # verl config key -> kernel keyword
+LOW_LOG_WEIGHT = -1.0  # the paper's positive-branch diagnostic: positives with log W < -1
+
+
+def _check(values: dict[str, Any], rollout_is: Any) -> None:
+    """Raise ``ValueError`` naming the verl field (full dotted key) of the first bad constant."""
+    for key, kernel_name in _KEYS.items():
+        try:
+            validate_respo_constants(**{kernel_name: float(values[key])})
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{CONFIG_PREFIX}.{key}={values[key]!r}: {exc}") from None
+    if rollout_is is not None and rollout_is not in ROLLOUT_IS_LEVELS:
+        raise ValueError(f"{CONFIG_PREFIX}.respo_rollout_is={rollout_is!r}: must be one of {ROLLOUT_IS_LEVELS}")
+
+
+@dataclass
+class ReSPOPolicyLossConfig(PolicyLossConfig):
+    """verl's ``PolicyLossConfig`` plus ReSPO's per-branch constants (defaults: the paper's).
+
+    Select it with ``actor_rollout_ref.actor.policy_loss._target_=respo_trl.integrations.verl.ReSPOPolicyLossConfig``.
+    ``respo_{alpha,beta,lam}_{pos,neg}`` are the kernel's ``alpha`` (order of the power mean, > 0), ``beta`` (weight
+    of ``W`` in it, in [0, 1]) and ``lam`` (variance tilt, >= 0) for advantages >= 0 / < 0. ``respo_rollout_is`` is
+    the layout of verl's ``rollout_is_weights`` (``auto``, ``token`` or ``sequence``; the recipes interpolate
+    ``${algorithm.rollout_correction.rollout_is}``, and null means ``auto``).
+    """
+
+    respo_alpha_pos: float = RESPO_DEFAULTS["alpha_pos"]
+    respo_beta_pos: float = RESPO_DEFAULTS["beta_pos"]
+    respo_lam_pos: float = RESPO_DEFAULTS["lam_pos"]
+    respo_alpha_neg: float = RESPO_DEFAULTS["alpha_neg"]
+    respo_beta_neg: float = RESPO_DEFAULTS["beta_neg"]
+    respo_lam_neg: float = RESPO_DEFAULTS["lam_neg"]
+    respo_rollout_is: Optional[str] = "auto"
+
+    def __post_init__(self):
+        _check({key: getattr(self, key) for key in _KEYS}, self.respo_rollout_is)
+
+
+def respo_constants(config: Any) -> tuple[dict[str, float], str]:
+    """The kernel's six constants and the ``rollout_is_weights`` layout from verl's actor config.
+
+    ``config`` is verl's ``ActorConfig`` (``config.policy_loss`` a ``PolicyLossConfig``, ours or verl's), an
+    OmegaConf/dict actor config, or None (paper defaults). Unknown ``respo_*`` keys and out-of-domain values raise
+    ``ValueError`` naming the field.
+    """
+    policy_loss = None if config is None else _get(config, "policy_loss")
+    if policy_loss is None:
+        return dict(RESPO_DEFAULTS), "auto"
+    known = set(_KEYS) | {"respo_rollout_is"}
+    names = [f.name for f in fields(policy_loss)] if hasattr(policy_loss, "__dataclass_fields__") else list(policy_loss)
+    unknown = sorted(str(n) for n in names if str(n).startswith("respo_") and n not in known)
+    if unknown:
+        raise ValueError(f"unknown ReSPO setting(s) {', '.join(f'{CONFIG_PREFIX}.{n}' for n in unknown)}; "
+                         f"known: {sorted(known)}")
+    values = {key: _get(policy_loss, key, RESPO_DEFAULTS[name]) for key, name in _KEYS.items()}
+    rollout_is = _get(policy_loss, "respo_rollout_is", "auto")
+    _check(values, rollout_is)
+    return {name: float(values[key]) for key, name in _KEYS.items()}, rollout_is or "auto"
+
+
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    if isinstance(obj, dict) or hasattr(obj, "get"):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def sampler_log_ratio(rollout_is_weights: torch.Tensor, keep: torch.Tensor, level: str) -> torch.Tensor:
+    """Per-token ``log r_it`` whose masked sum over a response is the log of its sampler correction, counted once.
+
+    ``token``: ``log r_it`` on every kept token. ``sequence``: the response's single weight ``r_i`` arrives broadcast
+    to its ``L_i`` tokens, so each kept token carries ``log r_i / L_i`` (the sum is ``log r_i``, not ``L_i log r_i``).
+    ``auto``: a row is sequence-level when all its kept weights are equal (verl broadcasts one value), else token.
+    Rejected tokens (``keep`` false) carry 0.
+    """
+    log_r = torch.where(keep, torch.log(rollout_is_weights.clamp_min(torch.finfo(rollout_is_weights.dtype).tiny)),
+                        torch.zeros_like(rollout_is_weights)).to(torch.float32)
+    if level == "token":
+        return log_r
+    n_kept = keep.sum(-1, keepdim=True).clamp_min(1).to(log_r.dtype)
+    per_seq = log_r.sum(-1, keepdim=True) / n_kept  # the broadcast value log r_i (mean of equal copies)
+    spread = torch.where(keep, per_seq / n_kept, torch.zeros_like(log_r))
+    if level == "sequence":
+        return spread
+    big = torch.finfo(log_r.dtype).max
+    row_max = torch.where(keep, log_r, torch.full_like(log_r, -big)).amax(-1, keepdim=True)
+    row_min = torch.where(keep, log_r, torch.full_like(log_r, big)).amin(-1, keepdim=True)
+    broadcast = row_max == row_min  # also true for rows with 0 or 1 kept token, where both readings agree
+    return torch.where(broadcast, spread, log_r)
+
+
+@register_policy_loss("respo")
+def compute_policy_loss_respo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Optional[Any] = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """ReSPO's policy loss in verl's registry signature; all tensors ``(B, L)``.
+
+    ``log W_i = clamp(sum_t m_it (log_prob - old_log_prob) [+ sampler correction], -20, 20)``, ``phi_i`` from the
+    branch of ``sign(A_i)`` (detached), per-token loss ``-phi_i A_it log_prob_it``, aggregated by verl's ``agg_loss``
+    with ``config.global_batch_info`` (global token/sequence counts and DP size), so micro-batching and data
+    parallelism do not change the gradient.
+    """
+    constants, level = respo_constants(config)
+    mask = response_mask.bool()
+    keep = mask if rollout_is_weights is None else mask & (rollout_is_weights > 0)
+
+    log_ratio = (log_prob - old_log_prob).detach().float()
+    log_sampler = None if rollout_is_weights is None else sampler_log_ratio(rollout_is_weights.detach(), keep, level)
+    log_w = sequence_log_weight(log_ratio, keep, log_sampler)  # (B,), clamped to [-20, 20]
+
+    m = mask.to(advantages.dtype)
+    seq_advantage = (advantages * m).sum(-1) / m.sum(-1).clamp_min(1.0)  # A_i (GRPO: constant over the response)
+    phi = respo_kernel(log_w, seq_advantage.to(log_w.dtype), **constants)  # (B,), detached
+
+    loss_mat = -phi.to(log_prob.dtype).unsqueeze(-1) * advantages * log_prob * keep.to(log_prob.dtype)
+    batch_info = dict(_get(config, "global_batch_info", None) or {}) if config is not None else {}
+    loss = agg_loss(loss_mat=loss_mat, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
+
+    return loss, _metrics(log_w, phi, seq_advantage, keep, mask, log_ratio)
+
+
+def _metrics(log_w, phi, seq_advantage, keep, mask, log_ratio) -> dict[str, float]:
+    valid = keep.any(-1)
+    pos, neg = valid & (seq_advantage >= 0), valid & (seq_advantage < 0)
+
+    def mean(x, sel):
+        return float(x[sel].mean()) if bool(sel.any()) else 0.0
+
+    metrics = {
+        "respo/phi_mean/pos": mean(phi, pos),
+        "respo/phi_mean/neg": mean(phi, neg),
+        "respo/phi_min": float(phi[valid].min()) if bool(valid.any()) else 0.0,
+        "respo/phi_max": float(phi[valid].max()) if bool(valid.any()) else 0.0,
+        "respo/log_w_mean": mean(log_w, valid),
+        "actor/ppo_kl": float(masked_mean(-log_ratio, mask)) if bool(mask.any()) else 0.0,
+    }
+    diag = positive_low_weight_stats(log_w, phi, seq_advantage, valid)
+    for key, value in diag.items():
+        value = float(value)
+        metrics[f"respo/pos_{key}"] = value if value == value else 0.0  # NaN (no positives) -> 0: verl averages
+    return metrics
