@@ -38,11 +38,22 @@ Sampler weights (``rollout_is_weights``)
     rejection) removes that token (a whole response, for sequence level) from the loss, as verl's own losses do by
     multiplying by it; it is not read as ``log W = -inf``, which ReSPO's positive branch would *amplify*.
 
-Metrics (per micro-batch; verl averages them over micro-batches and data-parallel ranks)
-    ``respo/phi_mean/{pos,neg}`` (0 for a micro-batch with no response of that sign), ``respo/phi_{min,max}``,
-    ``respo/log_w_mean``, the paper's positive-branch diagnostic ``respo/pos_low_weight_{share,mass_share,mass_ratio}``
-    (positives with ``log W < -1``: their share of positives, their share of the positive coefficient mass, and the
-    ratio) and verl's ``actor/ppo_kl``.
+Metrics
+    verl's actor loss averages a policy loss's metrics over micro-batches and data-parallel ranks with equal weights,
+    so a ratio computed inside a micro-batch (a mean over its positives, say) is biased whenever micro-batches differ
+    in composition, and undefined when one has no positives. The primary metrics are therefore *per-response
+    averages* (linear, so verl's averaging gives the batch value for equal-size micro-batches), and the by-sign and
+    diagnostic ratios are ratios of them:
+
+    * ``respo/frac/{pos,neg}``: share of responses with ``A >= 0`` / ``A < 0``;
+    * ``respo/phi_mass/{pos,neg}``: average of ``phi_i 1[sign]``; ``phi`` by sign is ``phi_mass/pos / frac/pos``;
+    * ``respo/pos_low/frac`` and ``respo/pos_low/phi_mass``: the same for positives with ``log W < -1``. The paper's
+      positive-branch diagnostic is: share ``= pos_low/frac / frac/pos``, mass share
+      ``= pos_low/phi_mass / phi_mass/pos``, ratio = mass share / share;
+    * ``respo/phi_mean``, ``respo/log_w_mean``, and verl's ``actor/ppo_kl``;
+    * ``respo/pos_low_weight_{share,mass_share,mass_ratio}``: the diagnostic computed within each micro-batch by
+      :func:`respo_trl.diagnostics.positive_low_weight_stats` (0 where a micro-batch has no positives), a quick look
+      that is exact only when a micro-batch holds the whole batch.
 """
 
 from __future__ import annotations
@@ -213,22 +224,30 @@ def compute_policy_loss_respo(
 
 
 def _metrics(log_w, phi, seq_advantage, keep, mask, log_ratio) -> dict[str, float]:
+    """Per-micro-batch metrics; see the module docstring for how verl aggregates them and how to read them."""
     valid = keep.any(-1)
+    n = max(int(valid.sum()), 1)
     pos, neg = valid & (seq_advantage >= 0), valid & (seq_advantage < 0)
+    low = pos & (log_w < LOW_LOG_WEIGHT)
+    phi = phi.float()
 
-    def mean(x, sel):
-        return float(x[sel].mean()) if bool(sel.any()) else 0.0
+    def per_response(x):  # average over the micro-batch's valid responses: linear, so verl's averaging keeps it exact
+        return float(x.float().sum()) / n
 
     metrics = {
-        "respo/phi_mean/pos": mean(phi, pos),
-        "respo/phi_mean/neg": mean(phi, neg),
-        "respo/phi_min": float(phi[valid].min()) if bool(valid.any()) else 0.0,
-        "respo/phi_max": float(phi[valid].max()) if bool(valid.any()) else 0.0,
-        "respo/log_w_mean": mean(log_w, valid),
+        "respo/phi_mean": per_response(phi * valid),
+        "respo/log_w_mean": per_response(log_w.float() * valid),
+        "respo/frac/pos": per_response(pos),
+        "respo/frac/neg": per_response(neg),
+        "respo/phi_mass/pos": per_response(phi * pos),
+        "respo/phi_mass/neg": per_response(phi * neg),
+        "respo/pos_low/frac": per_response(low),
+        "respo/pos_low/phi_mass": per_response(phi * low),
         "actor/ppo_kl": float(masked_mean(-log_ratio, mask)) if bool(mask.any()) else 0.0,
     }
-    diag = positive_low_weight_stats(log_w, phi, seq_advantage, valid)
-    for key, value in diag.items():
+    # The paper's diagnostic as ratios within this micro-batch (respo_trl.diagnostics); 0 where undefined (no
+    # positives). The batch-level values are ratios of the linear metrics above.
+    for key, value in positive_low_weight_stats(log_w, phi, seq_advantage, valid).items():
         value = float(value)
-        metrics[f"respo/pos_{key}"] = value if value == value else 0.0  # NaN (no positives) -> 0: verl averages
+        metrics[f"respo/pos_{key}"] = value if value == value else 0.0
     return metrics
