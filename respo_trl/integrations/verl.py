@@ -146,7 +146,8 @@ def respo_constants(config: Any) -> tuple[dict[str, float], str]:
     if policy_loss is None:
         return dict(RESPO_DEFAULTS), "auto"
     known = set(_KEYS) | {"respo_rollout_is"}
-    names = [f.name for f in fields(policy_loss)] if hasattr(policy_loss, "__dataclass_fields__") else list(policy_loss)
+    is_dataclass = hasattr(policy_loss, "__dataclass_fields__")
+    names = [f.name for f in fields(policy_loss)] if is_dataclass else list(policy_loss)
     unknown = sorted(str(n) for n in names if str(n).startswith("respo_") and n not in known)
     if unknown:
         raise ValueError(f"unknown ReSPO setting(s) {', '.join(f'{CONFIG_PREFIX}.{n}' for n in unknown)}; "
@@ -172,7 +173,8 @@ def sampler_log_ratio(rollout_is_weights: torch.Tensor, keep: torch.Tensor, leve
     Rejected tokens (``keep`` false) carry 0.
     """
     log_r = torch.where(keep, torch.log(rollout_is_weights.clamp_min(torch.finfo(rollout_is_weights.dtype).tiny)),
-                        torch.zeros_like(rollout_is_weights)).to(torch.float32)
+                        torch.zeros_like(rollout_is_weights))
+    log_r = log_r.to(torch.promote_types(log_r.dtype, torch.float32))
     if level == "token":
         return log_r
     n_kept = keep.sum(-1, keepdim=True).clamp_min(1).to(log_r.dtype)
@@ -208,7 +210,8 @@ def compute_policy_loss_respo(
     mask = response_mask.bool()
     keep = mask if rollout_is_weights is None else mask & (rollout_is_weights > 0)
 
-    log_ratio = (log_prob - old_log_prob).detach().float()
+    math_dtype = torch.promote_types(log_prob.dtype, torch.float32)  # bf16 in, fp32 math; fp64 stays fp64
+    log_ratio = (log_prob - old_log_prob).detach().to(math_dtype)
     log_sampler = None if rollout_is_weights is None else sampler_log_ratio(rollout_is_weights.detach(), keep, level)
     log_w = sequence_log_weight(log_ratio, keep, log_sampler)  # (B,), clamped to [-20, 20]
 
@@ -229,8 +232,6 @@ def _metrics(log_w, phi, seq_advantage, keep, mask, log_ratio) -> dict[str, floa
     n = max(int(valid.sum()), 1)
     pos, neg = valid & (seq_advantage >= 0), valid & (seq_advantage < 0)
     low = pos & (log_w < LOW_LOG_WEIGHT)
-    phi = phi.float()
-
     def per_response(x):  # average over the micro-batch's valid responses: linear, so verl's averaging keeps it exact
         return float(x.float().sum()) / n
 

@@ -1,7 +1,7 @@
 """One real verl actor update with ``loss_mode=respo`` on CPU, checked against ReSPO's closed forms.
 
-Run by ``tests/verl/test_actor_update.py`` in a fresh process (it initialises torch.distributed and selects verl's
-platform before verl first asks for one). Steps:
+Run by ``test_actor_update.py`` in a fresh process (it initialises torch.distributed and selects verl's platform
+before verl first asks for one). Steps:
 
 1. build a tiny randomly initialised Qwen3 locally (``transformers.Qwen3Config``) and save it;
 2. compose verl 0.9.1's own ``ppo_trainer`` config with Hydra overrides the way ``python -m verl.trainer.main_ppo``

@@ -4,7 +4,7 @@ verl 0.9.1 ships CUDA, NPU and ROCm platforms only and falls back to CUDA when n
 registered for ``cuda``/``npu`` devices. This module registers a ``cpu`` platform through verl's own
 ``PlatformRegistry`` (selected with ``VERL_PLATFORM=cpu`` before verl first asks for its platform) and maps the FSDP
 engine to it. Nothing here changes the loss or the engine's code paths: it only answers "which device" with "cpu".
-It is not part of the package and is never imported outside ``tests/verl``.
+It is not part of the package and is never imported outside ``tests/verl_integration``.
 """
 
 from __future__ import annotations
