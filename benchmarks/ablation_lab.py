@@ -2,7 +2,7 @@
 
 What it does
 ------------
-Runs the starvation lab (``recipes/starvation_lab.py``: its task, its training loop, its diagnostics; nothing is
+Runs the starvation lab (``benchmarks/starvation_lab.py``: its task, its training loop, its diagnostics; nothing is
 re-simulated here) for ReSPO *variants only*, against clipped token PPO (TRL ``dapo``, the ``ppo`` registry loss) as
 the reference row, in both lab regimes (``moderate``: Adam lr 0.1, ``stress``: lr 1.0), at reuse ``R`` in {1, 4, 8},
 8 seeds. The design is one factor at a time around the spec's starting default (``sqrt``, ``(0.5, 0.5)`` / ``(2, 2)``):
@@ -83,11 +83,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from respo_trl.kernels import LossParams  # noqa: E402
-from respo_trl.machine import machine_info  # noqa: E402
+from benchmarks.machine import machine_info  # noqa: E402
 
 
 def _load_lab():
-    """``recipes/starvation_lab.py`` as a module (recipes is not a package)."""
+    """``benchmarks/starvation_lab.py`` as a module (recipes is not a package)."""
     if "starvation_lab" in sys.modules:
         return sys.modules["starvation_lab"]
     spec = importlib.util.spec_from_file_location("starvation_lab", ROOT / "recipes" / "starvation_lab.py")

@@ -17,16 +17,13 @@ import os
 import statistics
 import sys
 import time
-import zlib
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from respo_trl.machine import machine_info  # noqa: E402
+from benchmarks.machine import machine_info  # noqa: E402
+from respo_trl.demo.rewards import crc_reward  # noqa: E402
 
-
-def crc_reward(completions, **kwargs):
-    return [float(zlib.crc32(c[0]["content"].encode()) % 2) for c in completions]
 
 
 def measure(hidden: int, layers: int, args, tokenizer, dataset, tmp) -> dict:
@@ -34,7 +31,7 @@ def measure(hidden: int, layers: int, args, tokenizer, dataset, tmp) -> dict:
     from transformers.trainer_callback import PrinterCallback
 
     from respo_trl import ReSPOConfig, ReSPOTrainer
-    from respo_trl.tiny import tiny_qwen3
+    from respo_trl.demo.tiny import tiny_qwen3
 
     config = ReSPOConfig(
         output_dir=tmp,
@@ -109,7 +106,7 @@ def main():
 
     from datasets import Dataset
 
-    from respo_trl.tiny import build_char_tokenizer
+    from respo_trl.demo.tiny import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"{i}+{i % 9}="}] for i in range(64)]})

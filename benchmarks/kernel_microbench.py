@@ -53,7 +53,7 @@ import torch
 
 from respo_trl.diagnostics import sequence_stats
 from respo_trl.kernels import LossParams, respo_phi
-from respo_trl.machine import machine_info
+from benchmarks.machine import machine_info
 
 EPSILON = 0.2  # TRL's default epsilon (= epsilon_high when unset)
 PARAMS = LossParams()  # ReSPO and VESPO at the package / TRL defaults

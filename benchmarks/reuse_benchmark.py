@@ -19,23 +19,20 @@ import os
 import statistics
 import sys
 import time
-import zlib
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from respo_trl.machine import machine_info  # noqa: E402
+from benchmarks.machine import machine_info  # noqa: E402
+from respo_trl.demo.rewards import crc_reward  # noqa: E402
 
-
-def crc_reward(completions, **kwargs):
-    return [float(zlib.crc32(c[0]["content"].encode()) % 2) for c in completions]
 
 
 def run_once(reuse: int, steps: int, completion_len: int, args, tokenizer, dataset, tmp: str) -> dict:
     from transformers.trainer_callback import PrinterCallback
 
     from respo_trl import ReSPOConfig, ReSPOTrainer
-    from respo_trl.tiny import tiny_qwen3
+    from respo_trl.demo.tiny import tiny_qwen3
 
     class TimedTrainer(ReSPOTrainer):
         generation_seconds = 0.0
@@ -124,7 +121,7 @@ def main():
     from datasets import Dataset
     from tqdm import tqdm
 
-    from respo_trl.tiny import build_char_tokenizer
+    from respo_trl.demo.tiny import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     prompts = [[{"role": "user", "content": f"{i}+{(7 * i) % 13}="}] for i in range(512)]

@@ -445,7 +445,7 @@ def parse(argv=None):
 
 
 def main(argv=None) -> dict:
-    from respo_trl.machine import machine_info
+    from benchmarks.machine import machine_info
 
     args = parse(argv)
     if args.passes_from:

@@ -435,7 +435,7 @@ def main(argv=None, generate=None) -> dict:
         all_samples.extend(samples)
 
     command = shlex.join(["python", "recipes/eval_math.py", *(sys.argv[1:] if argv is None else argv)])
-    from respo_trl.model_card import weights_fingerprint
+    from respo_trl.hub.card import weights_fingerprint
 
     report = {
         "model": args.model,

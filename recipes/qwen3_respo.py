@@ -11,7 +11,7 @@ other TRL/transformers argument keep their usual meaning.
 
 With no arguments it runs the embedded default, ``--config recipes/configs/tiny_cpu.yaml``: on a CPU, with nothing
 downloaded, a tiny Qwen3 and a character tokenizer are built locally, warm-started by a short supervised fine-tune on
-a built-in multi-step arithmetic task (``respo_trl.tasks``), then trained with ReSPO under 4x rollout reuse: about
+a built-in multi-step arithmetic task (``respo_trl.demo.tasks``), then trained with ReSPO under 4x rollout reuse: about
 220 s on 2 CPU cores, greedy held-out accuracy 21% -> 94% (mean of 3 seeds; docs/recipes.md has the numbers).
 
 Launch lines (presets in recipes/configs/, launch configs in recipes/accelerate/, details in docs/recipes.md):
@@ -81,7 +81,7 @@ class RecipeArguments:
     dataset_name: str = field(
         default="builtin:arithmetic",
         metadata={
-            "help": "Training data: 'builtin:arithmetic' (generated locally, see respo_trl.tasks), a Hub dataset id "
+            "help": "Training data: 'builtin:arithmetic' (generated locally, see respo_trl.demo.tasks), a Hub dataset id "
             "(e.g. 'open-r1/DAPO-Math-17k-Processed') or a local path/data file loadable by datasets.load_dataset."
         },
     )
@@ -255,7 +255,7 @@ def parse_args(argv: list[str] | None = None):
 
 def validate_args(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: ModelConfig) -> None:
     """Cheap checks with clear messages, before any model or dataset is loaded."""
-    from respo_trl.rewards import ACCURACY_REWARDS, resolve_reward
+    from respo_trl.demo.rewards import ACCURACY_REWARDS, resolve_reward
 
     if script_args.eval_mode not in EVAL_MODES:
         raise ValueError(f"eval_mode must be one of {EVAL_MODES}, got {script_args.eval_mode!r}")
@@ -388,7 +388,7 @@ def configure_moe(config, training_args: ReSPOConfig, logger) -> dict:
 
 
 def build_tiny(script_args: RecipeArguments, seed: int):
-    from respo_trl.tiny import build_char_tokenizer, tiny_qwen3
+    from respo_trl.demo.tiny import build_char_tokenizer, tiny_qwen3
 
     tokenizer = build_char_tokenizer()
     model = tiny_qwen3(
@@ -408,7 +408,7 @@ def build_tiny(script_args: RecipeArguments, seed: int):
 def warm_start(model, tokenizer, train_dataset, script_args: RecipeArguments, seed: int, on_step=None) -> list[float]:
     """Supervised warm start on the dataset's reference completions (the tiny preset imitates an imperfect teacher);
     returns the losses. Shared with benchmarks/reuse_lm.py, which warm-starts once per seed for all its arms."""
-    from respo_trl.warmstart import supervised_warm_start
+    from respo_trl.demo.warmstart import supervised_warm_start
 
     return supervised_warm_start(
         model,
@@ -465,7 +465,7 @@ def build_datasets(script_args: RecipeArguments):
 
     system = script_args.system_prompt
     if script_args.dataset_name.startswith(BUILTIN_PREFIX):
-        from respo_trl.tasks import ArithmeticTask
+        from respo_trl.demo.tasks import ArithmeticTask
 
         task = ArithmeticTask(
             min_terms=script_args.task_min_terms,
@@ -531,7 +531,7 @@ def greedy_accuracy(trainer, dataset, max_new_tokens: int, batch_size: int, rewa
     import torch
     from trl.models import unwrap_model_for_generation
 
-    from respo_trl.warmstart import generate, grade
+    from respo_trl.demo.warmstart import generate, grade
 
     accelerator = trainer.accelerator
     shard = dataset.select(range(accelerator.process_index, len(dataset), accelerator.num_processes))
@@ -661,9 +661,9 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
     from trl import get_peft_config
 
     from respo_trl import ReSPOTrainer
-    from respo_trl.plots import plot_run
-    from respo_trl.rewards import ACCURACY_REWARDS, probe_rewards, resolve_reward, reward_name
-    from respo_trl.warmstart import grade
+    from respo_trl.demo.plots import plot_run
+    from respo_trl.demo.rewards import ACCURACY_REWARDS, probe_rewards, resolve_reward, reward_name
+    from respo_trl.demo.warmstart import grade
 
     logger = get_logger(__name__)
     state = PartialState()

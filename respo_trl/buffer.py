@@ -10,12 +10,15 @@ staleness from it. The buffer also counts the completion tokens ever sampled (th
 refreshes.
 
 The state is saved as ``rollout_buffer-rank{r}.safetensors`` (tensors) + ``.json`` (everything else): no pickle.
+Each file is written to a temporary name and renamed into place, so a kill mid-save never leaves a half-written file
+under the real name. :func:`checkpoint_status` tells a complete trainer checkpoint from an interrupted one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import torch
@@ -28,9 +31,60 @@ FORMAT_VERSION = 1
 VERSION_KEY = "rollout_step"  # (B,) int64: optimizer step at which each rollout was sampled
 
 
+TRAINER_STATE = "trainer_state.json"  # transformers writes it last into a checkpoint: its presence marks completion
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
 def buffer_files(checkpoint_dir: str, rank: int) -> tuple[str, str]:
     stem = os.path.join(checkpoint_dir, f"rollout_buffer-rank{rank}")
     return stem + ".safetensors", stem + ".json"
+
+
+def has_buffer_files(checkpoint_dir: str) -> bool:
+    """Whether any process saved a rollout buffer into ``checkpoint_dir`` (plain GRPOTrainer checkpoints have none)."""
+    return any(name.startswith("rollout_buffer-rank") and name.endswith(".json") for name in os.listdir(checkpoint_dir))
+
+
+def checkpoint_status(checkpoint_dir: str, num_processes: int) -> str | None:
+    """``None`` if ``checkpoint_dir`` is a complete checkpoint to resume from, else why not (one line).
+
+    Complete means: transformers' ``trainer_state.json`` (written last) is there, and either every one of the
+    ``num_processes`` ranks saved its rollout buffer or none did (a checkpoint of plain ``GRPOTrainer``).
+    """
+    if not os.path.isfile(os.path.join(checkpoint_dir, TRAINER_STATE)):
+        return f"incomplete checkpoint (no {TRAINER_STATE}: the save was interrupted)"
+    if not has_buffer_files(checkpoint_dir):
+        return None
+    missing = [r for r in range(num_processes) if not all(os.path.isfile(p) for p in buffer_files(checkpoint_dir, r))]
+    if missing:
+        return (
+            f"rollout buffer files of rank(s) {missing} are missing (saved with another number of processes, or the "
+            f"save was interrupted); this run has {num_processes} process(es)"
+        )
+    return None
+
+
+def last_complete_checkpoint(output_dir: str, num_processes: int) -> tuple[str | None, list[tuple[str, str]]]:
+    """The newest complete ``checkpoint-N`` folder of ``output_dir`` (or None), and the newer ones skipped, with why."""
+    if not os.path.isdir(output_dir):
+        return None, []
+    found = [(int(m.group(1)), name) for name in os.listdir(output_dir) if (m := _CHECKPOINT.match(name))]
+    skipped = []
+    for _, name in sorted(found, reverse=True):
+        path = os.path.join(output_dir, name)
+        if not os.path.isdir(path):
+            continue
+        problem = checkpoint_status(path, num_processes)
+        if problem is None:
+            return path, skipped
+        skipped.append((path, problem))
+    return None, skipped
+
+
+def _write_atomically(path: str, write) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    write(tmp)
+    os.replace(tmp, path)
 
 
 def _batch_size(batch: Batch) -> int:
@@ -66,6 +120,7 @@ class RolloutBuffer:
         reshuffle: bool = True,
         seed: int = 0,
         storage_device: str | torch.device | None = None,
+        num_processes: int = 1,
     ):
         if reuse < 1:
             raise ValueError(f"reuse must be >= 1, got {reuse}")
@@ -74,6 +129,7 @@ class RolloutBuffer:
         self.reshuffle = reshuffle
         self.seed = seed
         self.storage_device = storage_device  # None: keep tensors where they were produced
+        self.num_processes = num_processes  # each process holds its own slice: a resume needs the same number
         self.batch: Batch | None = None
         self.generation_index = 0  # how many batches were stored (fresh or refreshed)
         self.generated_tokens = 0  # completion tokens sampled so far, summed over processes
@@ -149,6 +205,7 @@ class RolloutBuffer:
             "format_version": FORMAT_VERSION,
             "reuse": self.reuse,
             "steps_per_generation": self.steps_per_generation,
+            "num_processes": self.num_processes,
             "reshuffle": self.reshuffle,
             "seed": self.seed,
             "has_batch": batch is not None,
@@ -159,9 +216,13 @@ class RolloutBuffer:
             "values": values,
             "extra": extra or {},
         }
-        save_file(tensors, tensor_path)
-        with open(meta_path, "w") as f:
-            json.dump(meta, f, indent=1)
+        _write_atomically(tensor_path, lambda tmp: save_file(tensors, tmp))
+
+        def write_meta(tmp):
+            with open(tmp, "w") as f:
+                json.dump(meta, f, indent=1)
+
+        _write_atomically(meta_path, write_meta)  # last: its presence means this rank's buffer is complete
 
     def load(self, checkpoint_dir: str, rank: int, device: torch.device | str | None = None) -> dict:
         """Restore the buffer saved by :meth:`save`; returns its ``extra`` dict. Raises with the file named."""
@@ -183,8 +244,8 @@ class RolloutBuffer:
         missing = set(meta["tensor_keys"]) - set(tensors)
         if missing:
             raise ValueError(f"{tensor_path} is corrupt: tensors {sorted(missing)} listed in {meta_path} are missing")
-        for name in ("reuse", "steps_per_generation"):
-            if meta[name] != getattr(self, name):
+        for name in ("reuse", "steps_per_generation", "num_processes"):
+            if meta.get(name, 1 if name == "num_processes" else None) != getattr(self, name):
                 raise ValueError(
                     f"{meta_path} was saved with {name}={meta[name]} but this run has {name}={getattr(self, name)}; "
                     "resume with the same setting."

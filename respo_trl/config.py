@@ -1,15 +1,37 @@
-"""``ReSPOConfig``: TRL's ``GRPOConfig`` plus the ReSPO kernel and rollout-reuse settings."""
+"""``ReSPOConfig``: TRL's ``GRPOConfig`` plus the ReSPO kernel constants and the rollout-reuse settings.
+
+Everything TRL accepts stays accepted: ReSPO handles every ``vllm_importance_sampling_mode`` and ignores (with a note)
+``importance_sampling_level``, and a baseline ``loss_type`` keeps TRL's own defaults, so ``ReSPOConfig(loss_type=
+"dapo")`` trains exactly as ``GRPOConfig(loss_type="dapo")`` does. :func:`respo_notes` says, in one line each, what
+ReSPO does with the settings it reinterprets; the trainer logs them once.
+"""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .kernels import NORM_MODES
+from .kernels import NORM_MODES, RESPO_DEFAULTS, check_constant
 
-TOKEN_IS_MODES = ("token_truncate", "token_mask")
+TRUST_MASK_MODES = ("auto", "directional", "none")
+SAMPLER_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL 1.16's vLLM IS modes
+
+# ReSPOConfig field -> (kernel argument, kind checked by `check_constant`)
+KERNEL_FIELDS = {
+    "respo_alpha_pos": ("alpha_pos", "alpha"),
+    "respo_beta_pos": ("beta_pos", "beta"),
+    "respo_lambda_pos": ("lam_pos", "lam"),
+    "respo_alpha_neg": ("alpha_neg", "alpha"),
+    "respo_beta_neg": ("beta_neg", "beta"),
+    "respo_lambda_neg": ("lam_neg", "lam"),
+}
+
+
+def _positive_int(name: str, value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
 
 
 @dataclass
@@ -19,82 +41,96 @@ class ReSPOConfig(GRPOConfig):
     the fields below. Invalid values raise a ``ValueError`` that names the field at construction time.
 
     Parameters:
-        > ReSPO kernel ``phi(w) = w^alpha * exp(lambda * (1 - w))`` applied to the normalised sequence weight
+        > ReSPO kernel (arXiv:2609.35433). Per response, ``W`` is the sequence importance ratio pi_theta / pi_old (times
+        > the sampler correction when one is on); ``phi0(W) = [(1 - beta) + beta W^(alpha-1)]^(1/(alpha-1))``,
+        > ``phi(W) = phi0 exp(lambda (1 - phi0))``; one branch per advantage sign. Defaults are the paper's constants.
 
-        respo_alpha_pos (`float`, defaults to `0.5`):
-            Power ``alpha`` of the branch for positive advantages. Values in [0, 0.5] keep the kernel concave at low
-            weight, so correct rollouts the policy has drifted away from keep receiving gradient.
-        respo_lambda_pos (`float`, defaults to `0.5`):
-            Exponential tilt ``lambda`` of the positive branch; damps positives the policy already over-weights.
-        respo_alpha_neg (`float`, defaults to `2.0`):
-            Power of the branch for negative advantages (typically in [1, 3]).
+        respo_alpha_pos (`float`, defaults to `2.0`):
+            Order ``alpha`` (> 0) of the power mean for ``A >= 0``. The paper's 2 gives ``phi0 = (1 + W)/2``.
+        respo_beta_pos (`float`, defaults to `0.5`):
+            Weight ``beta`` in [0, 1] of ``W`` in the power mean for ``A >= 0`` (0: ``phi = 1``; 1: ``phi0 = W``).
+        respo_lambda_pos (`float`, defaults to `2.0`):
+            Variance-control tilt ``lambda`` (>= 0) for ``A >= 0``; with (2, 0.5, 2) ``phi+(0) = e/2`` (low-weight
+            correct responses keep, even slightly gain, their gradient) and ``phi+(W) -> 0`` for large ``W``.
+        respo_alpha_neg (`float`, defaults to `1.0`):
+            Order of the power mean for ``A < 0``; 1 is the limit ``phi0 = W^beta``.
+        respo_beta_neg (`float`, defaults to `0.5`):
+            Weight of ``W`` for ``A < 0``.
         respo_lambda_neg (`float`, defaults to `2.0`):
-            Tilt of the negative branch (typically in [1.5, 3]); damps high-weight negatives ("gradient shock").
-        respo_norm (`str`, defaults to `"sqrt"`):
-            Sequence-level variance normalisation ``s_i = l_i / T_i``: ``"none"`` (product ratio), ``"mean"``
-            (geometric mean, GSPO), ``"sqrt"`` (``T_i = sqrt(L_i)``) or ``"ess"`` (one ``T`` per micro-batch that keeps
-            the effective sample size above ``respo_rho_min``).
+            Tilt for ``A < 0``; with (1, 0.5, 2) ``phi-`` is 0 at both tails and peaks at ``e/2`` at ``W = 1/4``.
+        respo_norm (`str`, defaults to `"none"`):
+            Divisor of ``log W``: ``"none"`` (the paper), or, for ablations only, ``"mean"`` (GSPO's geometric mean),
+            ``"sqrt"`` (the retired 0.1 kernel's) or ``"ess"``.
         respo_rho_min (`float`, defaults to `0.5`):
             ESS floor in (0, 1] used by ``respo_norm="ess"``.
+        respo_trust_mask (`str`, defaults to `"auto"`):
+            Directional token trust mask: zero a token's gradient exactly where clipped PPO would (``A > 0`` and token
+            ratio above ``1 + epsilon_high``, or ``A < 0`` and below ``1 - epsilon_low``), keeping ``phi``. ``"auto"``
+            turns it on when samples are used more than once (``num_iterations > 1``) and off when each sample is used
+            once (the paper's setting, paper-pure); ``"directional"`` always; ``"none"`` never. Not in the paper: see
+            docs/method.md for the evidence behind ``"auto"``.
 
-        > Rollout reuse
+        > Rollout reuse (docs/reuse.md maps these to the paper's N and to verl)
 
+        respo_updates_per_rollout (`int`, *optional*):
+            The paper's ``N``: optimizer updates fed by one rollout batch, each sample used once (mini-batch ``k`` is
+            ``k`` updates stale). Sets ``steps_per_generation = N x gradient_accumulation_steps``; leave unset to use
+            TRL's ``steps_per_generation`` / ``generation_batch_size`` directly.
         respo_reuse (`int`, defaults to `1`):
-            Optimizer passes ``R`` over each generation batch. It is TRL's ``num_iterations`` under another name: set
-            either one (setting both to different values is an error). ``R=4`` samples a quarter of the tokens per
-            optimizer step.
-        respo_reshuffle (`bool`, defaults to `True`):
-            Draw a new minibatch composition of the generation batch on every reuse pass.
+            Epochs ``R``: optimizer passes over each rollout batch. It is TRL's ``num_iterations`` under another name:
+            set either one (setting both to different values is an error). Not in the paper.
+        respo_reshuffle (`bool`, *optional*):
+            Draw a new mini-batch composition on every reuse pass. Unset: on for ``loss_type="respo"``, off for TRL's
+            losses (TRL replays the same mini-batches, and a baseline must train exactly as TRL trains it).
         respo_min_ess (`float`, *optional*):
-            Refresh floor in (0, 1]: before each reuse pass, the normalised ESS of the buffered batch under the current
-            policy is measured (one extra no-grad forward); below this floor fresh completions are sampled for the
-            same prompts instead of reusing the stale ones.
+            Refresh floor in (0, 1]: before each reuse pass, the normalised Kish ESS of the raw sequence weights ``W``
+            of the buffered batch under the current policy is measured (one extra no-grad forward); below the floor
+            fresh completions are sampled for the same prompts instead of reusing the stale ones.
         respo_buffer_device (`str`, defaults to `"auto"`):
-            ``"auto"`` keeps buffered rollouts on the training device; ``"cpu"`` parks them in host memory between
-            uses (long contexts).
+            ``"auto"`` keeps buffered rollouts on the training device; ``"cpu"`` parks them in host memory.
 
         > Diagnostics
 
         respo_log_diagnostics (`bool`, defaults to `True`):
-            Log the starvation and off-policy metrics (``starvation/*``, ``offpolicy/*``, ``respo/*``) on every step,
-            for every ``loss_type``. They cost one small all-gather and elementwise work per micro-batch (measured in
-            ``docs/diagnostics.md``); the reuse metrics (``reuse/*``) are always logged.
+            Log the starvation, off-policy and positive-branch metrics (``starvation/*``, ``offpolicy/*``,
+            ``respo/*``) on every step, for every ``loss_type``; the reuse metrics (``reuse/*``) are always logged.
     """
 
     loss_type: str = field(
         default="respo",
         metadata={
-            "help": "Policy loss. 'respo' (default) is ReSPO's sequence-level two-branch kernel; every TRL loss type "
-            "('dapo', 'grpo', 'bnpo', 'dr_grpo', 'cispo', 'sapo', 'luspo', 'vespo') also runs for comparison."
-        },
-    )
-    vllm_importance_sampling_mode: str = field(
-        default="token_truncate",
-        metadata={
-            "help": "vLLM sampler-mismatch correction (see GRPOConfig). ReSPO folds the token ratio into its sequence "
-            "weight, so it needs a token mode: 'token_truncate' (default here) or 'token_mask'."
+            "help": "Policy loss. 'respo' (default) is ReSPO's two-branch sequence kernel; every TRL loss type "
+            "('dapo', 'grpo', 'bnpo', 'dr_grpo', 'cispo', 'sapo', 'luspo', 'vespo') runs exactly as in TRL."
         },
     )
     respo_alpha_pos: float = field(
-        default=0.5,
-        metadata={"help": "Power alpha of the ReSPO kernel for positive advantages (>= 0; [0, 0.5] keeps it concave)."},
+        default=RESPO_DEFAULTS["alpha_pos"],
+        metadata={"help": "Power-mean order alpha (> 0) of the positive-advantage branch (paper: 2)."},
+    )
+    respo_beta_pos: float = field(
+        default=RESPO_DEFAULTS["beta_pos"],
+        metadata={"help": "Power-mean weight beta in [0, 1] of the positive-advantage branch (paper: 0.5)."},
     )
     respo_lambda_pos: float = field(
-        default=0.5,
-        metadata={"help": "Exponential tilt lambda of the ReSPO kernel for positive advantages (>= 0)."},
+        default=RESPO_DEFAULTS["lam_pos"],
+        metadata={"help": "Variance-control tilt lambda (>= 0) of the positive-advantage branch (paper: 2)."},
     )
     respo_alpha_neg: float = field(
-        default=2.0,
-        metadata={"help": "Power alpha of the ReSPO kernel for negative advantages (>= 0; typically 1-3)."},
+        default=RESPO_DEFAULTS["alpha_neg"],
+        metadata={"help": "Power-mean order alpha (> 0) of the negative-advantage branch (paper: 1, i.e. W^beta)."},
+    )
+    respo_beta_neg: float = field(
+        default=RESPO_DEFAULTS["beta_neg"],
+        metadata={"help": "Power-mean weight beta in [0, 1] of the negative-advantage branch (paper: 0.5)."},
     )
     respo_lambda_neg: float = field(
-        default=2.0,
-        metadata={"help": "Exponential tilt lambda of the ReSPO kernel for negative advantages (>= 0; typically 1.5-3)."},
+        default=RESPO_DEFAULTS["lam_neg"],
+        metadata={"help": "Variance-control tilt lambda (>= 0) of the negative-advantage branch (paper: 2)."},
     )
     respo_norm: str = field(
-        default="sqrt",
+        default="none",
         metadata={
-            "help": "Sequence-level variance normalisation of the log-weight: 'none', 'mean', 'sqrt' or 'ess'.",
+            "help": "Divisor of log W: 'none' (the paper: raw sequence ratio); 'mean', 'sqrt', 'ess' for ablations.",
             "choices": list(NORM_MODES),
         },
     )
@@ -102,90 +138,133 @@ class ReSPOConfig(GRPOConfig):
         default=0.5,
         metadata={"help": "ESS floor in (0, 1] that respo_norm='ess' guarantees under a log-normal model."},
     )
-    respo_reuse: int = field(
-        default=1,
+    respo_trust_mask: str = field(
+        default="auto",
         metadata={
-            "help": "Optimizer passes R over each generation batch (>= 1). Alias of TRL's num_iterations; set one of "
-            "them."
+            "help": "Directional token trust mask (zero a token's gradient where clipped PPO would, keep phi): "
+            "'auto' (on when num_iterations > 1, off when each sample is used once), 'directional' or 'none'.",
+            "choices": list(TRUST_MASK_MODES),
         },
     )
-    respo_reshuffle: bool = field(
-        default=True,
-        metadata={"help": "Reshuffle the minibatch composition of a reused generation batch on every pass."},
+    respo_updates_per_rollout: int | None = field(
+        default=None,
+        metadata={
+            "help": "The paper's N: optimizer updates per rollout batch, each sample used once. Sets "
+            "steps_per_generation = N x gradient_accumulation_steps."
+        },
+    )
+    respo_reuse: int = field(
+        default=1,
+        metadata={"help": "Epochs R over each rollout batch (>= 1). Alias of TRL's num_iterations; set one of them."},
+    )
+    respo_reshuffle: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Reshuffle mini-batches on every reuse pass. Unset: on for loss_type='respo', off for TRL's "
+            "losses (TRL's own order)."
+        },
     )
     respo_min_ess: float | None = field(
         default=None,
         metadata={
-            "help": "Optional ESS floor in (0, 1]: a reused batch whose normalised ESS under the current policy falls "
-            "below it is refreshed with new completions for the same prompts."
+            "help": "Optional ESS floor in (0, 1]: a reused batch whose normalised ESS of W under the current policy "
+            "falls below it is refreshed with new completions for the same prompts."
         },
     )
     respo_buffer_device: str = field(
         default="auto",
         metadata={"help": "Where buffered rollouts live between passes: 'auto' (training device) or 'cpu'."},
     )
-
     respo_log_diagnostics: bool = field(
         default=True,
-        metadata={"help": "Log the starvation/off-policy diagnostics on every step (one small all-gather per micro-batch)."},
+        metadata={"help": "Log the starvation/off-policy/positive-branch diagnostics on every step."},
     )
 
     def __post_init__(self):
+        self._apply_updates_per_rollout()
         super().__post_init__()
         self._reconcile_reuse()
         self.validate_respo()
 
+    def _apply_updates_per_rollout(self) -> None:
+        n = self.respo_updates_per_rollout
+        if n is None:
+            return
+        _positive_int("respo_updates_per_rollout", n)
+        steps = n * self.gradient_accumulation_steps
+        if self.generation_batch_size is not None:
+            raise ValueError(
+                f"respo_updates_per_rollout={n} and generation_batch_size={self.generation_batch_size} both size the "
+                "rollout batch: set only one of them."
+            )
+        if self.steps_per_generation is not None and self.steps_per_generation != steps:
+            raise ValueError(
+                f"respo_updates_per_rollout={n} means steps_per_generation = {n} x gradient_accumulation_steps "
+                f"({self.gradient_accumulation_steps}) = {steps}, but steps_per_generation={self.steps_per_generation}"
+                " was also set: set only one of them."
+            )
+        self.steps_per_generation = steps
+
     def _reconcile_reuse(self) -> None:
-        reuse, iterations = self.respo_reuse, self.num_iterations
-        for name, value in (("respo_reuse", reuse), ("num_iterations", iterations)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} (optimizer passes per generation batch) must be an integer >= 1, got {value!r}")
+        reuse = _positive_int("respo_reuse", self.respo_reuse)
+        iterations = _positive_int("num_iterations", self.num_iterations)
         if reuse != 1 and iterations != 1 and reuse != iterations:
             raise ValueError(
                 f"respo_reuse={reuse} and num_iterations={iterations} disagree: they are the same setting (optimizer "
-                "passes per generation batch). Set only one of them."
+                "passes per rollout batch). Set only one of them."
             )
         self.respo_reuse = self.num_iterations = max(reuse, iterations)
 
     def validate_respo(self) -> None:
         """Check the ReSPO fields (also used when a plain ``GRPOConfig`` is upgraded)."""
-        for name in ("respo_alpha_pos", "respo_lambda_pos", "respo_alpha_neg", "respo_lambda_neg"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        for name, (_, kind) in KERNEL_FIELDS.items():
+            setattr(self, name, check_constant(name, getattr(self, name), kind))
         if self.respo_norm not in NORM_MODES:
             raise ValueError(f"respo_norm must be one of {NORM_MODES}, got {self.respo_norm!r}")
         if not (isinstance(self.respo_rho_min, (int, float)) and 0.0 < self.respo_rho_min <= 1.0):
             raise ValueError(f"respo_rho_min must be in (0, 1], got {self.respo_rho_min!r}")
-        if not isinstance(self.respo_reuse, int) or isinstance(self.respo_reuse, bool) or self.respo_reuse < 1:
-            raise ValueError(f"respo_reuse (num_iterations) must be an integer >= 1, got {self.respo_reuse!r}")
-        if self.respo_min_ess is not None and not 0.0 < self.respo_min_ess <= 1.0:
+        if self.respo_trust_mask not in TRUST_MASK_MODES:
+            raise ValueError(f"respo_trust_mask must be one of {TRUST_MASK_MODES}, got {self.respo_trust_mask!r}")
+        if self.respo_updates_per_rollout is not None:
+            _positive_int("respo_updates_per_rollout", self.respo_updates_per_rollout)
+        _positive_int("respo_reuse (num_iterations)", self.respo_reuse)
+        if self.respo_min_ess is not None and not (
+            isinstance(self.respo_min_ess, (int, float)) and 0.0 < self.respo_min_ess <= 1.0
+        ):
             raise ValueError(f"respo_min_ess must be in (0, 1] or None, got {self.respo_min_ess!r}")
         if self.respo_buffer_device not in ("auto", "cpu"):
             raise ValueError(f"respo_buffer_device must be 'auto' or 'cpu', got {self.respo_buffer_device!r}")
-        if self.loss_type == "respo":
-            if self.importance_sampling_level != "token":
-                raise ValueError(
-                    "importance_sampling_level must be 'token' with loss_type='respo': ReSPO builds its sequence "
-                    f"weight itself (see respo_norm); got {self.importance_sampling_level!r}."
-                )
-            if (
-                self.use_vllm
-                and self.vllm_importance_sampling_correction
-                and self.vllm_importance_sampling_mode not in TOKEN_IS_MODES
-            ):
-                raise ValueError(
-                    f"vllm_importance_sampling_mode={self.vllm_importance_sampling_mode!r} is incompatible with "
-                    f"loss_type='respo': ReSPO folds the vLLM ratio into its sequence weight token by token. Use one "
-                    f"of {TOKEN_IS_MODES}, or set vllm_importance_sampling_correction=False."
-                )
+        if self.respo_reshuffle is not None and not isinstance(self.respo_reshuffle, bool):
+            raise ValueError(f"respo_reshuffle must be True, False or unset, got {self.respo_reshuffle!r}")
+
+    # -- resolved settings (what the trainer uses) --------------------------------------------------------------------
+
+    @property
+    def respo_trust_mask_active(self) -> bool:
+        """Whether the directional token trust mask is on: ``"auto"`` resolves to on iff ``num_iterations > 1``."""
+        if self.respo_trust_mask == "auto":
+            return self.num_iterations > 1
+        return self.respo_trust_mask == "directional"
+
+    @property
+    def respo_reshuffle_active(self) -> bool:
+        """Whether reuse passes draw new mini-batches: unset resolves to on for ReSPO only (TRL replays its order)."""
+        if self.respo_reshuffle is None:
+            return self.loss_type == "respo"
+        return self.respo_reshuffle
+
+    @property
+    def kernel_constants(self) -> dict[str, float]:
+        """The six kernel constants under :func:`respo_trl.kernels.respo_kernel`'s argument names."""
+        return {arg: getattr(self, name) for name, (arg, _) in KERNEL_FIELDS.items()}
 
     @classmethod
     def from_grpo_config(cls, args: GRPOConfig, **overrides) -> "ReSPOConfig":
-        """Upgrade an already-built ``GRPOConfig`` to a ``ReSPOConfig`` with ReSPO defaults (``loss_type='respo'``).
+        """Upgrade an already-built ``GRPOConfig`` to a ``ReSPOConfig`` training ReSPO (``loss_type='respo'``).
 
         ``GRPOConfig.__post_init__`` has already resolved derived fields (batch arithmetic, distributed state), so
-        re-running it would reject them; the values are copied as they are and only the ReSPO checks run.
+        re-running it would reject them; the values are copied as they are and only the ReSPO checks run. Nothing
+        TRL accepts is refused: see :func:`respo_notes` for what ReSPO does with TRL's importance-sampling settings.
         """
         upgraded = cls.__new__(cls)
         upgraded.__dict__.update(args.__dict__)
@@ -193,9 +272,49 @@ class ReSPOConfig(GRPOConfig):
             if f.name not in upgraded.__dict__ and f.init:
                 upgraded.__dict__[f.name] = f.default
         upgraded.loss_type = "respo"
-        if args.vllm_importance_sampling_mode not in TOKEN_IS_MODES and not (args.use_vllm and args.vllm_importance_sampling_correction):
-            upgraded.vllm_importance_sampling_mode = "token_truncate"
         upgraded.respo_reuse = args.num_iterations
         upgraded.__dict__.update(overrides)
         upgraded.validate_respo()
         return upgraded
+
+
+def describe_kernel(args: ReSPOConfig) -> str:
+    """One line naming the kernel constants, normalisation and trust mask in use."""
+    c = args.kernel_constants
+    paper = all(c[k] == RESPO_DEFAULTS[k] for k in c) and args.respo_norm == "none"
+    mask = "directional token trust mask ON" if args.respo_trust_mask_active else "no token trust mask"
+    return (
+        f"ReSPO kernel (alpha, beta, lambda) pos=({c['alpha_pos']:g}, {c['beta_pos']:g}, {c['lam_pos']:g}) "
+        f"neg=({c['alpha_neg']:g}, {c['beta_neg']:g}, {c['lam_neg']:g}), respo_norm={args.respo_norm!r}"
+        f"{' (the paper)' if paper else ''}; {mask} (respo_trust_mask={args.respo_trust_mask!r}, "
+        f"num_iterations={args.num_iterations})"
+    )
+
+
+def respo_notes(args: ReSPOConfig) -> list[str]:
+    """What ReSPO does with TRL settings it reinterprets, one line each (empty for TRL's own losses)."""
+    if args.loss_type != "respo":
+        return []
+    notes = []
+    if args.importance_sampling_level != "token":
+        notes.append(
+            f"importance_sampling_level={args.importance_sampling_level!r} does not apply to loss_type='respo': "
+            "ReSPO's weight is the raw sequence ratio W (the paper). For GSPO's length-normalised weight set "
+            "respo_norm='mean'; for GSPO itself use loss_type='grpo' with importance_sampling_level='sequence'."
+        )
+    if args.use_vllm and args.vllm_importance_sampling_correction:
+        mode = args.vllm_importance_sampling_mode
+        bounds = f"[{args.vllm_importance_sampling_clip_min}, {args.vllm_importance_sampling_clip_max}]"
+        action = {
+            "token_truncate": f"each token's ratio pi_old/pi_vllm, truncated to {bounds}, is multiplied into W",
+            "token_mask": f"tokens whose ratio pi_old/pi_vllm leaves {bounds} are dropped (no gradient, not in W); "
+            "the others' ratios are multiplied into W",
+            "sequence_truncate": f"the sequence ratio pi_old/pi_vllm, truncated to {bounds}, is multiplied into W",
+            "sequence_mask": f"sequences whose ratio pi_old/pi_vllm leaves {bounds} are dropped (phi = 0); the "
+            "others' ratios are multiplied into W",
+        }.get(mode, f"TRL does not know this mode (expected one of {SAMPLER_MODES})")
+        notes.append(
+            f"vllm_importance_sampling_mode={mode!r}: {action}, so phi sees pi_theta/pi_vllm; the loss is not "
+            "multiplied by the ratio again."
+        )
+    return notes

@@ -1,21 +1,22 @@
 """ReSPO's math as pure torch functions, and the policy losses it is compared with.
 
-Nothing here imports TRL: the functions take tensors and numbers and can be used from any RL framework or notebook.
-Symbols follow ``docs/method.md``:
+Nothing here imports TRL: the functions take tensors and numbers and can be used from any RL framework or notebook
+(the verl plugin in :mod:`respo_trl.integrations.verl` calls the same functions). Symbols follow ``docs/method.md``:
 
-* ``rho_it = clamp(log pi_theta(y_it) - log mu(y_it), -20, 20)``  token log-ratio against the behaviour policy ``mu``
-* ``l_i = sum_t m_it rho_it``, ``L_i = sum_t m_it``                 sequence log-weight and length
-* ``s_i = clamp(l_i / T_i, -20, 20)``                              normalised sequence log-weight
-* ``phi(w) = w^alpha * exp(lam * (1 - w))``, ``w = exp(s)``         the two-branch ReSPO kernel (branch = sign of A)
+* ``r_it = pi_theta(y_it) / pi_old(y_it)``                       token ratio against the policy that sampled
+* ``l_i = sum_t m_it log r_it (+ sum_t m_it log c_it)``          sequence log-weight; ``c`` is a sampler correction
+* ``log W_i = clamp(l_i / T_i, -20, 20)``                        ``T_i = 1`` in the paper (``respo_norm="none"``)
+* ``phi0(W) = [(1 - beta) + beta W^(alpha-1)]^(1/(alpha-1))``    power mean of 1 and ``W`` (``W^beta`` at alpha = 1)
+* ``phi(W) = phi0(W) exp(lam (1 - phi0(W)))``                     variance-control tilt; branch by the sign of ``A``
 
 Every policy loss in :data:`POLICY_LOSSES` returns a per-token loss ``ell_it`` with the convention
 
-    d (sum_t m_it ell_it) / d rho_it = -A_i * c_it,     c_it = 1 on-policy,
+    d (sum_t m_it ell_it) / d log pi_theta(y_it) = -A_i * c_it,     c_it = 1 on-policy,
 
 so ``c_it`` is the loss's *effective coefficient* on ``A_i * grad log pi_theta(y_it)`` relative to the plain policy
 gradient. :func:`gradient_coefficients` recovers ``c`` from any registered loss by autograd; the starvation
-diagnostics are built on it. The trainer applies TRL's aggregation (token sum over the global token count for
-``dapo``/``respo``) on top of these per-token losses.
+diagnostics are built on it. Trainers apply their own aggregation (TRL ``dapo`` / verl ``token-mean``: a token sum
+over the global token count) on top of these per-token losses.
 """
 
 from __future__ import annotations
@@ -29,46 +30,94 @@ import torch
 Tensor = torch.Tensor
 Gather = Optional[Callable[[Tensor], Tensor]]
 
-LOG_RATIO_CLAMP = 20.0  # |rho_it| and |s_i| are clamped here (spec section 2)
+LOG_W_CLAMP = 20.0  # |log W| is clamped here (spec section 2; the authors' code clamps the same)
 NORM_MODES = ("none", "mean", "sqrt", "ess")
 
+# The paper's constants, used for every reported run (respo-paper-facts.md): positive (2, 0.5, 2), negative (1, 0.5, 2).
+RESPO_DEFAULTS = {"alpha_pos": 2.0, "beta_pos": 0.5, "lam_pos": 2.0, "alpha_neg": 1.0, "beta_neg": 0.5, "lam_neg": 2.0}
+
 
 # --------------------------------------------------------------------------------------------------------------------
-# Sequence log-weights and their normalisation
+# Constants
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def sequence_log_ratio(log_ratio: Tensor, mask: Tensor, log_is_ratio: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Return ``(l, L)``: the masked sum of clamped token log-ratios and the sequence length, both of shape (B,).
+def check_constant(name: str, value, kind: str) -> float:
+    """Validate one kernel constant; ``kind`` is ``alpha`` (> 0), ``beta`` (in [0, 1]) or ``lam`` (>= 0).
 
-    ``log_is_ratio`` (B, T) is the log of a sampler-correction ratio (TRL's vLLM ``importance_sampling_ratio``,
-    token modes): adding it makes the weight ``pi_theta / pi_sampler`` instead of ``pi_theta / pi_old``.
-    Masked positions never contribute, even when they hold NaN or inf.
+    Raises a ``ValueError`` that names ``name`` (the caller's field name) and the allowed range.
+    """
+    domains = {"alpha": ("> 0", lambda v: v > 0), "beta": ("in [0, 1]", lambda v: 0 <= v <= 1), "lam": (">= 0", lambda v: v >= 0)}
+    text, ok = domains[kind]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+        raise ValueError(f"{name} must be a finite number {text}, got {value!r}")
+    return float(value)
+
+
+def validate_respo_constants(**constants) -> dict[str, float]:
+    """Check ``alpha_pos, beta_pos, lam_pos, alpha_neg, beta_neg, lam_neg`` (any subset); returns them as floats."""
+    unknown = set(constants) - set(RESPO_DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown ReSPO constant(s) {sorted(unknown)}; expected some of {list(RESPO_DEFAULTS)}")
+    return {name: check_constant(name, value, name.split("_")[0]) for name, value in constants.items()}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Sequence log-weights
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def fold_sampler_ratio(sampler_ratio: Tensor | None, mask: Tensor) -> tuple[Tensor | None, Tensor]:
+    """Turn a sampler-correction ratio ``c = pi_old / pi_sampler`` into ``(log c, kept mask)``.
+
+    ``sampler_ratio`` is TRL's vLLM ``importance_sampling_ratio`` after its truncation or masking: (B, T) in the token
+    modes, (B, 1) in the sequence modes, or verl's ``rollout_is_weights`` (B, T). A ratio of exactly 0 means "masked
+    by the correction": in a token mode that token is dropped (no gradient, not in ``l``); in a sequence mode the
+    whole sequence is dropped. The returned mask is ``mask`` with those tokens removed; ``log c`` is 0 where dropped.
     """
     mask = mask.bool()
-    rho = log_ratio.float()
-    if log_is_ratio is not None:
-        rho = rho + log_is_ratio.float()
-    rho = rho.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    rho = torch.where(mask, rho, 0.0)  # also drops NaN at masked positions
-    return rho.sum(-1), mask.sum(-1).to(rho.dtype)
+    if sampler_ratio is None:
+        return None, mask
+    ratio = sampler_ratio.detach().float()
+    kept = ratio > 0
+    mask = mask & kept  # (B, 1) broadcasts over the row: a masked sequence loses every token
+    log_c = torch.where(kept, torch.log(ratio.clamp(min=torch.finfo(torch.float32).tiny)), 0.0)
+    return log_c, mask
+
+
+def sequence_log_weight(log_ratio: Tensor, mask: Tensor, log_sampler_ratio: Tensor | None = None) -> Tensor:
+    """``l_i = sum_t m_it log r_it (+ sampler correction)``, clamped to [-20, 20]; shape (B,), detached.
+
+    ``log_sampler_ratio`` of shape (B, T) is added token by token inside the mask; of shape (B, 1) (a sequence-level
+    correction) it is added once. Masked positions never contribute, even when they hold NaN or inf. An unmasked NaN
+    keeps ``l_i`` NaN, so the kernel gives that sequence ``phi = 0`` (never full weight); ``+-inf`` clamp to +-20.
+    """
+    with torch.no_grad():
+        mask = mask.bool()
+        rho = torch.where(mask, log_ratio.detach().float(), 0.0)
+        l = rho.sum(-1)
+        if log_sampler_ratio is not None:
+            log_c = log_sampler_ratio.detach().float()
+            if log_c.shape[-1] == 1 and mask.shape[-1] != 1:
+                l = l + log_c.squeeze(-1)
+            else:
+                l = l + torch.where(mask, log_c, 0.0).sum(-1)
+        return l.clamp(-LOG_W_CLAMP, LOG_W_CLAMP)
 
 
 def normalization_scale(
-    l: Tensor, lengths: Tensor, norm: str = "sqrt", rho_min: float = 0.5, gather: Gather = None
+    l: Tensor, lengths: Tensor, norm: str = "none", rho_min: float = 0.5, gather: Gather = None
 ) -> Tensor:
-    """The divisor ``T_i`` of the sequence log-weight ``s_i = l_i / T_i`` (shape (B,)).
+    """The divisor ``T_i`` of the sequence log-weight (shape (B,)); ``none`` is the paper's method.
 
-    * ``none``: ``T_i = 1``, the true product ratio (VESPO).
+    * ``none``: ``T_i = 1``, the true product ratio ``W_i`` (the paper; VESPO too).
     * ``mean``: ``T_i = L_i``, the geometric mean of the token ratios (GSPO).
-    * ``sqrt``: ``T_i = sqrt(L_i)``; under independent token log-ratios the spread of ``l_i`` grows like ``sqrt(L_i)``,
-      so this keeps long and short sequences on one scale.
-    * ``ess``: one ``T = max(1, std(l) / sqrt(-log rho_min))`` for the whole (gathered) micro-batch. If ``s`` is
-      normal with standard deviation ``sigma``, the normalised Kish ESS of ``exp(s)`` is ``exp(-sigma^2)``; this ``T``
-      keeps it at least ``rho_min``. ``T = 1`` with fewer than two non-empty sequences.
+    * ``sqrt``: ``T_i = sqrt(L_i)`` (the retired 0.1 default; kept for ablations).
+    * ``ess``: one ``T = max(1, std(l) / sqrt(-log rho_min))`` for the whole (gathered) micro-batch: if ``l`` is normal
+      with standard deviation ``sigma``, the normalised Kish ESS of ``exp(l / T)`` is at least ``rho_min``.
 
-    ``gather`` (e.g. ``accelerator.gather``) collects ``l`` from every process for the ``ess`` statistics; every
-    process then uses the same ``T``.
+    ``gather`` (e.g. ``accelerator.gather``) collects ``l`` from every process for the ``ess`` statistics, so every
+    process uses the same ``T``. Length normalisation is *not* the paper's method: it is offered for ablations only.
     """
     if norm == "none":
         return torch.ones_like(l)
@@ -82,7 +131,7 @@ def normalization_scale(
         stats = torch.stack([l.float(), (lengths > 0).float()], dim=-1)
         if gather is not None:
             stats = gather(stats)
-        valid_l = stats[:, 0][stats[:, 1] > 0]
+        valid_l = stats[:, 0][(stats[:, 1] > 0) & torch.isfinite(stats[:, 0])]
         if valid_l.numel() < 2:
             return torch.ones_like(l)
         sigma = valid_l.std()
@@ -95,69 +144,92 @@ def normalization_scale(
     raise ValueError(f"Unknown normalization {norm!r}; expected one of {NORM_MODES}")
 
 
-def sequence_log_weights(
-    log_ratio: Tensor,
-    mask: Tensor,
-    norm: str = "sqrt",
-    rho_min: float = 0.5,
-    log_is_ratio: Tensor | None = None,
-    gather: Gather = None,
-) -> Tensor:
-    """Normalised sequence log-weights ``s_i = clamp(l_i / T_i, -20, 20)`` of shape (B,), detached.
-
-    ``log_ratio`` and ``mask`` are (B, T); see :func:`normalization_scale` for ``norm`` and ``rho_min``.
-    An empty sequence (all-zero mask) gets ``s = 0``.
-    """
-    with torch.no_grad():
-        l, lengths = sequence_log_ratio(log_ratio.detach(), mask, log_is_ratio)
-        scale = normalization_scale(l, lengths, norm, rho_min, gather)
-        return (l / scale).nan_to_num(0.0).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # The two-branch kernel
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def log_phi(s: Tensor, alpha: Tensor | float, lam: Tensor | float) -> Tensor:
-    """``log phi(w) = alpha * log w + lam * (1 - w)`` with ``log w = s`` (so ``phi(1) = 1``)."""
-    return alpha * s + lam * (1.0 - torch.exp(s))
+def log_power_mean(log_w: Tensor, alpha: float, beta: float) -> Tensor:
+    """``log phi0(W) = log([(1 - beta) + beta W^(alpha-1)]^(1/(alpha-1)))``, ``log(W^beta)`` at ``alpha = 1``.
+
+    With ``x = (alpha - 1) log W``: ``log phi0 = log(1 + beta expm1(x)) / (alpha - 1)`` for ``|x| <= 1`` (accurate as
+    ``alpha -> 1``, where it tends to ``beta log W``: the function is continuous in ``alpha``) and
+    ``logaddexp(log(1 - beta), log beta + x) / (alpha - 1)`` beyond (no overflow for large ``|x|``).
+    """
+    if alpha == 1.0:
+        return beta * log_w
+    x = (alpha - 1.0) * log_w
+    near = torch.log1p(beta * torch.expm1(x.clamp(-1.0, 1.0)))
+    log_1mb = math.log(1.0 - beta) if beta < 1.0 else -math.inf
+    log_b = math.log(beta) if beta > 0.0 else -math.inf
+    far = torch.logaddexp(torch.full_like(x, log_1mb), log_b + x)
+    return torch.where(x.abs() <= 1.0, near, far) / (alpha - 1.0)
+
+
+def branch_phi(log_w: Tensor, alpha: float, beta: float, lam: float) -> Tensor:
+    """One branch: ``phi = phi0 exp(lam (1 - phi0))``, computed as ``exp(log phi0 + lam (1 - phi0))``."""
+    log_phi0 = log_power_mean(log_w, alpha, beta)
+    return torch.exp(log_phi0 + lam * (1.0 - torch.exp(log_phi0)))
 
 
 def respo_kernel(
-    s: Tensor,
+    log_w: Tensor,
     advantages: Tensor,
-    alpha_pos: float = 0.5,
-    lam_pos: float = 0.5,
-    alpha_neg: float = 2.0,
-    lam_neg: float = 2.0,
+    alpha_pos: float = RESPO_DEFAULTS["alpha_pos"],
+    beta_pos: float = RESPO_DEFAULTS["beta_pos"],
+    lam_pos: float = RESPO_DEFAULTS["lam_pos"],
+    alpha_neg: float = RESPO_DEFAULTS["alpha_neg"],
+    beta_neg: float = RESPO_DEFAULTS["beta_neg"],
+    lam_neg: float = RESPO_DEFAULTS["lam_neg"],
 ) -> Tensor:
-    """ReSPO's gradient scale ``phi_i`` (detached), with the branch chosen by the sign of ``A_i``.
+    """ReSPO's detached coefficient ``phi_i`` (same shape as ``log_w``), branch ``A >= 0`` / ``A < 0``.
 
-    ``phi(w) = w^alpha * exp(lam * (1 - w))``: ``(alpha_pos, lam_pos)`` for ``A >= 0`` and ``(alpha_neg, lam_neg)``
-    for ``A < 0``. ``s`` and ``advantages`` broadcast against each other ((B,) or (B, 1)). ``phi`` is computed in log
-    space and is finite for every finite ``s`` (it underflows to 0 for ``s -> +-inf`` whenever the branch has a
-    positive ``alpha`` or ``lam``).
+    ``log_w`` is the sequence log-weight ``log W_i`` (clamped to [-20, 20] here too) and ``advantages`` must have the
+    same shape (one advantage per entry: for per-token advantages expand ``log_w`` to (B, T) first). ``phi`` is finite
+    for every input: ``log W = +-inf`` gives the tail limits, NaN gives 0. The defaults are the paper's constants:
+    ``phi+(W) = (1 + W)/2 exp(1 - W)`` and ``phi-(W) = sqrt(W) exp(2 (1 - sqrt(W)))``. Computed in float64.
+    """
+    c = validate_respo_constants(
+        alpha_pos=alpha_pos, beta_pos=beta_pos, lam_pos=lam_pos, alpha_neg=alpha_neg, beta_neg=beta_neg, lam_neg=lam_neg
+    )
+    if log_w.shape != advantages.shape:
+        raise ValueError(
+            f"log_w {tuple(log_w.shape)} and advantages {tuple(advantages.shape)} must have the same shape "
+            "(one advantage per sequence weight); reshape them explicitly"
+        )
+    with torch.no_grad():
+        out_dtype = torch.promote_types(log_w.dtype, torch.float32)
+        s = log_w.detach().double().clamp(-LOG_W_CLAMP, LOG_W_CLAMP)
+        phi_pos = branch_phi(s, c["alpha_pos"], c["beta_pos"], c["lam_pos"])
+        phi_neg = branch_phi(s, c["alpha_neg"], c["beta_neg"], c["lam_neg"])
+        phi = torch.where(advantages.detach().to(s.device) >= 0, phi_pos, phi_neg)
+        return phi.nan_to_num(0.0, posinf=0.0, neginf=0.0).to(out_dtype)
+
+
+def gamma_kernel(log_w: Tensor, advantages: Tensor, k_pos: float, lam_pos: float, k_neg: float, lam_neg: float) -> Tensor:
+    """VESPO's weight as TRL 1.16 computes it: ``phi(W) = W^k exp(lam (1 - W))`` per sign (detached, float32)."""
+    with torch.no_grad():
+        positive = advantages >= 0
+        k = torch.where(positive, k_pos, k_neg)
+        lam = torch.where(positive, lam_pos, lam_neg).clamp(min=1e-4)
+        s = log_w.float()
+        return torch.exp(lam + k * s - lam * torch.exp(s)).nan_to_num(0.0, posinf=0.0, neginf=0.0)
+
+
+def directional_trust_mask(
+    log_ratio: Tensor, advantages: Tensor, mask: Tensor, epsilon_low: float, epsilon_high: float
+) -> Tensor:
+    """1 where a token keeps its gradient, 0 exactly where clipped PPO would zero it (in its advantage's direction).
+
+    Clipped PPO stops a token's gradient when ``A > 0`` and ``r_it > 1 + epsilon_high`` (already pushed up) or when
+    ``A < 0`` and ``r_it < 1 - epsilon_low`` (already pushed down). Everything else passes, in particular every token
+    of a low-weight positive sequence, which is what ReSPO protects. ``advantages`` is (B,) or (B, T).
     """
     with torch.no_grad():
-        s = s.to(torch.promote_types(s.dtype, torch.float32))  # bf16 in, fp32 math; fp64 stays fp64
-        positive = advantages >= 0
-        alpha = torch.where(positive, alpha_pos, alpha_neg)
-        lam = torch.where(positive, lam_pos, lam_neg)
-        return torch.exp(log_phi(s, alpha, lam)).nan_to_num(0.0, posinf=0.0, neginf=0.0)
-
-
-def kernel_sup(alpha: float, lam: float) -> tuple[float, float]:
-    """``(sup_w phi(w), argmax_w)``: ``exp(lam - alpha) (alpha/lam)^alpha`` at ``w = alpha/lam`` (spec section 2).
-
-    With ``lam = 0`` and ``alpha > 0`` the kernel is the unbounded power ``w^alpha`` (returns ``inf``).
-    """
-    if lam == 0.0:
-        return (math.inf, math.inf) if alpha > 0 else (1.0, math.nan)
-    if alpha == 0.0:
-        return math.exp(lam), 0.0  # phi = exp(lam (1 - w)) decreases from exp(lam) at w = 0
-    w_star = alpha / lam
-    return math.exp(lam - alpha) * w_star**alpha, w_star
+        a = advantages.reshape(advantages.shape[0], -1) if advantages.dim() > 1 else advantages.unsqueeze(-1)
+        r = torch.exp(log_ratio.detach().float())
+        stop = ((a > 0) & (r > 1 + epsilon_high)) | ((a < 0) & (r < 1 - epsilon_low))
+        return (~stop & mask.bool()).float()
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -179,22 +251,38 @@ class LossParams:
     vespo_lambda_pos: float = 3.0
     vespo_k_neg: float = 3.0
     vespo_lambda_neg: float = 2.0
-    respo_alpha_pos: float = 0.5
-    respo_lambda_pos: float = 0.5
-    respo_alpha_neg: float = 2.0
-    respo_lambda_neg: float = 2.0
-    respo_norm: str = "sqrt"
+    respo_alpha_pos: float = RESPO_DEFAULTS["alpha_pos"]
+    respo_beta_pos: float = RESPO_DEFAULTS["beta_pos"]
+    respo_lambda_pos: float = RESPO_DEFAULTS["lam_pos"]
+    respo_alpha_neg: float = RESPO_DEFAULTS["alpha_neg"]
+    respo_beta_neg: float = RESPO_DEFAULTS["beta_neg"]
+    respo_lambda_neg: float = RESPO_DEFAULTS["lam_neg"]
+    respo_norm: str = "none"
     respo_rho_min: float = 0.5
+    respo_trust_mask: bool = False
 
     @classmethod
-    def from_config(cls, args) -> "LossParams":
+    def from_config(cls, args, **overrides) -> "LossParams":
         """Read the fields from a ``GRPOConfig``-like object (``epsilon`` is TRL's name for ``epsilon_low``)."""
         values = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
         if hasattr(args, "epsilon"):
             values["epsilon_low"] = args.epsilon
         if getattr(args, "epsilon_high", None) is None:
             values["epsilon_high"] = values.get("epsilon_low", cls.epsilon_low)
-        return cls(**values)
+        if hasattr(args, "respo_trust_mask_active"):  # ReSPOConfig resolves "auto" against the reuse settings
+            values["respo_trust_mask"] = args.respo_trust_mask_active
+        return cls(**{**values, **overrides})
+
+    def respo_constants(self) -> dict[str, float]:
+        """The six kernel constants under :func:`respo_kernel`'s argument names."""
+        return {
+            "alpha_pos": self.respo_alpha_pos,
+            "beta_pos": self.respo_beta_pos,
+            "lam_pos": self.respo_lambda_pos,
+            "alpha_neg": self.respo_alpha_neg,
+            "beta_neg": self.respo_beta_neg,
+            "lam_neg": self.respo_lambda_neg,
+        }
 
 
 PolicyLoss = Callable[..., Tensor]
@@ -202,7 +290,13 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {}
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Register ``fn(log_ratio, advantages, mask, params, *, log_is_ratio=None, gather=None) -> per_token_loss``."""
+    """Register ``fn(log_ratio, advantages, mask, params, *, sampler_ratio=None, gather=None) -> per_token_loss``.
+
+    ``log_ratio`` is ``log pi_theta - log pi_old`` (B, T) and carries the gradient; ``advantages`` is (B,) or (B, T);
+    ``sampler_ratio`` is the correction ratio described in :func:`fold_sampler_ratio`. A loss that folds
+    ``sampler_ratio`` into its own weight says so by being listed in :data:`FOLDS_SAMPLER_RATIO`; for the others the
+    trainer multiplies the per-token loss by the ratio afterwards (TRL's convention).
+    """
 
     def decorator(fn: PolicyLoss) -> PolicyLoss:
         if name in POLICY_LOSSES:
@@ -235,108 +329,121 @@ def _level_log_weights(log_ratio: Tensor, mask: Tensor, level: str) -> Tensor:
     raise ValueError(f"Unknown importance_sampling_level {level!r}; expected 'token' or 'sequence'")
 
 
-def _ppo_clip(log_ratio: Tensor, advantages: Tensor, params: LossParams, level: str) -> Tensor:
-    # PPO surrogate, as TRL's grpo/dapo: -min(w A, clip(w, 1-eps_low, 1+eps_high) A); optional two-sided cap `delta`.
+def _ppo_clip(log_ratio: Tensor, advantages: Tensor, params: LossParams) -> Tensor:
+    # PPO surrogate, as TRL's grpo/dapo: -min(r A, clip(r, 1-eps_low, 1+eps_high) A); optional two-sided cap `delta`.
     a = _column(advantages)
-    w = torch.exp(log_ratio)
-    w_clipped = torch.clamp(w, 1 - params.epsilon_low, 1 + params.epsilon_high)
+    r = torch.exp(log_ratio)
+    r_clipped = torch.clamp(r, 1 - params.epsilon_low, 1 + params.epsilon_high)
     if params.delta is not None:
-        w = torch.clamp(w, max=params.delta)
-    return -torch.min(w * a, w_clipped * a)
+        r = torch.clamp(r, max=params.delta)
+    return -torch.min(r * a, r_clipped * a)
 
 
 @register_policy_loss("ppo")
-def ppo_loss(log_ratio, advantages, mask, params, *, log_is_ratio=None, gather=None):
-    """Clipped PPO/GRPO at ``params.importance_sampling_level`` (TRL ``grpo``/``bnpo``/``dr_grpo``/``dapo``)."""
-    weights = _level_log_weights(log_ratio, mask, params.importance_sampling_level)
-    return _ppo_clip(weights, advantages, params, params.importance_sampling_level)
+def ppo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, gather=None):
+    """Clipped PPO/GRPO at ``params.importance_sampling_level`` (TRL ``grpo``/``bnpo``/``dr_grpo``/``dapo``/``luspo``;
+    GSPO is this loss at ``importance_sampling_level='sequence'``)."""
+    return _ppo_clip(_level_log_weights(log_ratio, mask, params.importance_sampling_level), advantages, params)
 
 
 @register_policy_loss("gspo")
-def gspo_loss(log_ratio, advantages, mask, params, *, log_is_ratio=None, gather=None):
-    """GSPO: the PPO clip applied to the geometric-mean sequence ratio ``w_i``, repeated on each of its tokens.
-
-    Summed over the ``L_i`` tokens, the mean's ``1 / L_i`` cancels, so ``c_it = w_i`` inside the clip range: the same
-    relative coefficient as TRL's ``importance_sampling_level='sequence'`` with ``loss_type='grpo'``.
-    """
-    return _ppo_clip(_level_log_weights(log_ratio, mask, "sequence"), advantages, params, "sequence")
+def gspo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, gather=None):
+    """GSPO: the PPO clip on the geometric-mean sequence ratio, repeated on each token (TRL ``grpo`` with
+    ``importance_sampling_level='sequence'``); summed over the ``L_i`` tokens the mean's ``1 / L_i`` cancels."""
+    return _ppo_clip(_level_log_weights(log_ratio, mask, "sequence"), advantages, params)
 
 
 @register_policy_loss("cispo")
-def cispo_loss(log_ratio, advantages, mask, params, *, log_is_ratio=None, gather=None):
-    """CISPO (MiniMax-M1): ``-min(w, eps_high).detach() * A * log pi``; the clipped weight scales, never zeroes."""
+def cispo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, gather=None):
+    """CISPO (MiniMax-M1): ``-min(r, eps_high).detach() * A * log pi``; the clipped weight scales, never zeroes."""
     weights = _level_log_weights(log_ratio, mask, params.importance_sampling_level)
     clamped = torch.clamp(torch.exp(weights), max=params.epsilon_high).detach()
     return -clamped * _column(advantages) * log_ratio
 
 
 @register_policy_loss("sapo")
-def sapo_loss(log_ratio, advantages, mask, params, *, log_is_ratio=None, gather=None):
-    """SAPO: a sigmoid gate ``4/tau * sigmoid(tau (w - 1))`` instead of the hard clip (TRL ``sapo``)."""
+def sapo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, gather=None):
+    """SAPO: a sigmoid gate ``4/tau * sigmoid(tau (r - 1))`` instead of the hard clip (TRL ``sapo``)."""
     a = _column(advantages)
-    w = torch.exp(_level_log_weights(log_ratio, mask, params.importance_sampling_level))
+    r = torch.exp(_level_log_weights(log_ratio, mask, params.importance_sampling_level))
     tau = torch.where(a > 0, params.sapo_temperature_pos, params.sapo_temperature_neg)
-    return -torch.sigmoid(tau * (w - 1)) * 4 / tau * a
+    return -torch.sigmoid(tau * (r - 1)) * 4 / tau * a
 
 
-@register_policy_loss("is")
-def token_is_loss(log_ratio, advantages, mask, params, *, log_is_ratio=None, gather=None):
-    """Plain token-level importance sampling, ``-w_it A_i``: PPO with the clip removed."""
-    return -torch.exp(log_ratio) * _column(advantages)
-
-
-@register_policy_loss("is_seq")
-def sequence_is_loss(log_ratio, advantages, mask, params, *, log_is_ratio=None, gather=None):
-    """Exact sequence importance sampling: ``phi_i = exp(l_i)`` (unbiased, unbounded variance)."""
-    l, _ = sequence_log_ratio(log_ratio.detach(), mask, log_is_ratio)
-    phi = torch.exp(l.clamp(max=LOG_RATIO_CLAMP)).unsqueeze(-1)
-    return -phi * _column(advantages) * log_ratio
-
-
-def vespo_phi(log_ratio, advantages, mask, params: LossParams, log_is_ratio: Tensor | None = None) -> Tensor:
-    """VESPO's sequence weight as in TRL 1.16: the same kernel family on the raw product ratio (``norm='none'``),
-    ``(k, lambda)`` per sign, with the log-weight clamped below at ``log 1e-8`` as TRL does."""
-    l, _ = sequence_log_ratio(log_ratio.detach(), mask, log_is_ratio)
-    s = l.clamp(math.log(1e-8), LOG_RATIO_CLAMP)
-    a = advantages.reshape(-1)
-    return respo_kernel(
-        s, a, params.vespo_k_pos, params.vespo_lambda_pos, params.vespo_k_neg, params.vespo_lambda_neg
-    )
+def vespo_phi(log_ratio, advantages, mask, params: LossParams, sampler_ratio: Tensor | None = None) -> Tensor:
+    """VESPO's sequence weight as in TRL 1.16 (``get_gamma_weights``): raw product ratio, token log-ratios clamped to
+    +-20, the log of the sampler ratio floored at ``log 1e-8`` and summed over *all* positions, then ``log W`` clamped
+    to ``[log 1e-8, 20]``. Shape (B, 1)."""
+    with torch.no_grad():
+        m = mask.to(torch.float32)
+        l = (log_ratio.detach().float().clamp(-LOG_W_CLAMP, LOG_W_CLAMP) * m).sum(-1, keepdim=True)
+        if sampler_ratio is not None:
+            l = l + torch.log(sampler_ratio.float()).clamp(math.log(1e-8), LOG_W_CLAMP).sum(-1, keepdim=True)
+        log_w = l.clamp(math.log(1e-8), LOG_W_CLAMP)
+        a = _column(advantages)[:, :1]
+        return gamma_kernel(
+            log_w, a, params.vespo_k_pos, params.vespo_lambda_pos, params.vespo_k_neg, params.vespo_lambda_neg
+        )
 
 
 @register_policy_loss("vespo")
-def vespo_loss(log_ratio, advantages, mask, params, *, log_is_ratio=None, gather=None):
+def vespo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, gather=None):
     """VESPO: ``-phi(W_i).detach() * A_i * log pi`` with the gamma kernel on the sequence product ratio."""
-    phi = vespo_phi(log_ratio, advantages, mask, params, log_is_ratio).unsqueeze(-1)
-    return -phi * _column(advantages) * log_ratio
+    return -vespo_phi(log_ratio, advantages, mask, params, sampler_ratio) * _column(advantages) * log_ratio
 
 
-def respo_phi(
+def respo_coefficients(
     log_ratio: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    params: LossParams,
-    log_is_ratio: Tensor | None = None,
+    params: LossParams = LossParams(),
+    *,
+    sampler_ratio: Tensor | None = None,
     gather: Gather = None,
 ) -> Tensor:
-    """ReSPO's per-sequence scale ``phi_i`` (B,), detached: normalise (``params.respo_norm``), then the kernel."""
-    s = sequence_log_weights(log_ratio, mask, params.respo_norm, params.respo_rho_min, log_is_ratio, gather)
-    return respo_kernel(
-        s,
-        advantages.reshape(-1),
-        params.respo_alpha_pos,
-        params.respo_lambda_pos,
-        params.respo_alpha_neg,
-        params.respo_lambda_neg,
-    )
+    """ReSPO's detached per-token coefficient (B, T): ``phi_{sign A}(W_i)`` on kept tokens, 0 elsewhere.
+
+    1. The sampler correction is folded in log space (:func:`fold_sampler_ratio`): tokens or sequences it masks are
+       dropped, never turned into a large negative log-weight.
+    2. ``l_i`` over the kept tokens (:func:`sequence_log_weight`), divided by ``T_i`` (``params.respo_norm``, ``none``
+       in the paper), clamped to [-20, 20]: ``log W_i``.
+    3. ``phi_i`` from :func:`respo_kernel` with the branch of each advantage (per token if advantages are (B, T)).
+    4. With ``params.respo_trust_mask``, tokens clipped PPO would stop in their advantage's direction get 0
+       (:func:`directional_trust_mask`); ``phi`` itself is unchanged.
+    """
+    with torch.no_grad():
+        log_c, kept = fold_sampler_ratio(sampler_ratio, mask)
+        log_w = respo_log_weights(log_ratio, kept, params, log_c, gather)
+        a = _column(advantages).detach()
+        log_w_t = log_w.unsqueeze(-1).expand(-1, a.shape[-1])
+        phi = respo_kernel(log_w_t, a.float(), **params.respo_constants())  # (B, 1) or (B, T)
+        coef = phi * kept.float()
+        if params.respo_trust_mask:
+            coef = coef * directional_trust_mask(log_ratio, advantages, kept, params.epsilon_low, params.epsilon_high)
+        return coef
+
+
+def respo_log_weights(
+    log_ratio: Tensor, mask: Tensor, params: LossParams, log_sampler_ratio: Tensor | None = None, gather: Gather = None
+) -> Tensor:
+    """``log W_i = clamp(l_i / T_i, -20, 20)`` (B,): :func:`sequence_log_weight` then :func:`normalization_scale`."""
+    with torch.no_grad():
+        l = sequence_log_weight(log_ratio, mask, log_sampler_ratio)
+        if params.respo_norm == "none":
+            return l
+        scale = normalization_scale(l, mask.sum(-1).float(), params.respo_norm, params.respo_rho_min, gather)
+        return (l / scale).clamp(-LOG_W_CLAMP, LOG_W_CLAMP)
 
 
 @register_policy_loss("respo")
-def respo_loss(log_ratio, advantages, mask, params, *, log_is_ratio=None, gather=None):
-    """ReSPO: ``-phi_i * A_i * log pi_theta(y_it)``, ``phi_i`` detached (spec section 2)."""
-    phi = respo_phi(log_ratio, advantages, mask, params, log_is_ratio, gather).unsqueeze(-1)
-    return -phi * _column(advantages) * log_ratio
+def respo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, gather=None):
+    """ReSPO: ``-c_it * A_i * log pi_theta(y_it)`` with the detached coefficient of :func:`respo_coefficients`."""
+    coef = respo_coefficients(log_ratio, advantages, mask, params, sampler_ratio=sampler_ratio, gather=gather)
+    return -coef * _column(advantages) * log_ratio
 
+
+# Losses that fold the sampler correction into their own sequence weight (TRL skips its extra multiply for these).
+FOLDS_SAMPLER_RATIO = ("vespo", "respo")
 
 # TRL `loss_type` -> registered loss whose per-token coefficient it applies. (TRL's aggregation differs between
 # grpo/bnpo/dr_grpo/dapo, but the importance-weight coefficient relative to on-policy is the same.)
@@ -370,24 +477,27 @@ def gradient_coefficients(
     mask: Tensor,
     params: LossParams = LossParams(),
     *,
-    log_is_ratio: Tensor | None = None,
+    sampler_ratio: Tensor | None = None,
     gather: Gather = None,
 ) -> Tensor:
-    """Effective coefficients ``c_it`` (B, T) of a registered loss, by differentiating it w.r.t. ``rho_it``.
+    """Effective coefficients ``c_it`` (B, T) of a registered loss, by differentiating it w.r.t. ``log pi_theta``.
 
-    ``c_it = -(d sum_t m_it ell_it / d rho_it) / sign(A_i)``, evaluated with unit advantages of the same sign (every
-    registered loss is linear in ``|A|`` within a sign), so ``c`` is defined for ``A = 0`` too (positive branch).
+    ``c_it = -(d sum_t m_it ell_it / d log pi_it) / sign(A_it)``, evaluated with unit advantages of the same sign
+    (every registered loss is linear in ``|A|`` within a sign), so ``c`` is defined for ``A = 0`` too (positive
+    branch). Losses outside :data:`FOLDS_SAMPLER_RATIO` are multiplied by ``sampler_ratio`` afterwards, as TRL does.
     Masked positions get 0.
     """
     loss_fn = get_policy_loss(name)
-    sign = torch.where(advantages.reshape(-1) >= 0, 1.0, -1.0).to(log_ratio.device)
+    sign = torch.where(_column(advantages) >= 0, 1.0, -1.0).to(log_ratio.device)
+    sign = sign.squeeze(-1) if advantages.dim() == 1 else sign
     with torch.enable_grad():
-        rho = log_ratio.detach().float().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        rho = torch.where(mask.bool(), rho, torch.zeros_like(rho)).requires_grad_(True)
-        per_token = loss_fn(rho, sign, mask, params, log_is_ratio=log_is_ratio, gather=gather)
+        rho = torch.where(mask.bool(), log_ratio.detach().float(), 0.0).requires_grad_(True)
+        per_token = loss_fn(rho, sign, mask, params, sampler_ratio=sampler_ratio, gather=gather)
+        if sampler_ratio is not None and name not in FOLDS_SAMPLER_RATIO:
+            per_token = per_token * sampler_ratio.float()
         total = (per_token * mask.to(per_token.dtype)).sum()
         (grad,) = torch.autograd.grad(total, rho)
-    return (-grad / sign.unsqueeze(-1)).nan_to_num(0.0) * mask.to(grad.dtype)
+    return (-grad / _column(sign)).nan_to_num(0.0) * mask.to(grad.dtype)
 
 
 def kish_ess(log_w: Tensor) -> Tensor:

@@ -3,50 +3,89 @@
 This file only wires pieces into TRL's hooks; the math lives in :mod:`respo_trl.kernels`, the metrics in
 :mod:`respo_trl.diagnostics` and the reuse logic in :mod:`respo_trl.buffer`.
 
-How ReSPO enters TRL's loss: TRL 1.16's ``vespo`` branch already computes ``-phi_i * A_i * log pi`` with a detached
-sequence weight, skips the extra vLLM ratio multiply, and aggregates like ``dapo`` (token sum over the global token
-count), keeping the KL, entropy, MoE auxiliary and off-policy-mask terms. That is exactly spec section 2, so for
-``loss_type="respo"`` the trainer runs that branch with ``phi`` from :func:`respo_trl.kernels.respo_phi` instead of the
-VESPO gamma weight. Every other ``loss_type`` runs TRL's code unchanged.
+How ReSPO enters TRL's loss: TRL 1.16's ``vespo`` branch computes ``-c * A * log pi`` with a detached coefficient
+``c`` from ``get_gamma_weights``, skips the extra vLLM ratio multiply, and aggregates like ``dapo`` (token sum over the
+global token count), keeping the KL, entropy, MoE auxiliary and off-policy-mask terms. That is exactly spec section
+2, so for ``loss_type="respo"`` the trainer runs that branch with ``c`` from
+:func:`respo_trl.kernels.respo_coefficients`. Every other ``loss_type`` runs TRL's code unchanged. The hook depends on
+TRL internals, so :func:`check_trl_hooks` verifies them when a trainer is built and fails with instructions if a TRL
+release moved them.
 """
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
-import textwrap
 from contextlib import contextmanager
 
 import torch
+import trl
 from accelerate.logging import get_logger
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, split_pixel_values_by_grid, unsplit_pixel_values_by_grid
 
-from .buffer import VERSION_KEY, RolloutBuffer
-from .config import ReSPOConfig
+from .buffer import VERSION_KEY, RolloutBuffer, checkpoint_status, has_buffer_files, last_complete_checkpoint
+from .config import ReSPOConfig, describe_kernel, respo_notes
 from .diagnostics import COLUMNS, sequence_stats, summarize
-from .hub import hub_failure
-from .kernels import LOG_RATIO_CLAMP, LossParams, kish_ess, registered_loss_for, respo_phi, sequence_log_weights
-from .model_card import write_trainer_card
+from .hub.card import RESPO_CITATION, TRAINER_TAGS, write_trainer_card
+from .hub.push import hub_failure
+from .kernels import LossParams, fold_sampler_ratio, kish_ess, registered_loss_for, respo_coefficients, sequence_log_weight
 
 logger = get_logger(__name__)
 
-RESPO_CITATION = textwrap.dedent("""\
-    @article{respo2026,
-        title        = {{ReSPO: Reshaped Sequence Policy Optimization for Gradient Starvation in Off-Policy Learning}},
-        year         = 2026,
-        eprint       = {arXiv:2609.35433},
-    }""")
+SUPPORTED_TRL = "1.16"  # the TRL minor version whose internals the hooks below were written against
+# What ReSPO relies on inside GRPOTrainer._compute_loss (TRL 1.16): the vespo branch and its ratio exemption, and the
+# two masks whose outputs the diagnostics read back.
+REQUIRED_COMPUTE_LOSS_SOURCE = (
+    'elif self.loss_type == "vespo":',
+    "self.get_gamma_weights(",
+    'self.loss_type != "vespo"',
+    'elif self.loss_type in ["cispo", "dapo", "vespo"]:',
+    "self.get_high_entropy_mask(",
+    "self.get_off_policy_mask(",
+)
+_TRL_HOOKS_CHECKED = False
+
+
+def check_trl_hooks(grpo_trainer_cls=GRPOTrainer) -> None:
+    """Fail early, with what to do, if the installed TRL no longer has what ``loss_type='respo'`` hooks into."""
+    global _TRL_HOOKS_CHECKED
+    if _TRL_HOOKS_CHECKED and grpo_trainer_cls is GRPOTrainer:
+        return
+    try:
+        source = inspect.getsource(grpo_trainer_cls._compute_loss)
+    except (OSError, TypeError, AttributeError):
+        source = ""
+    missing = [snippet for snippet in REQUIRED_COMPUTE_LOSS_SOURCE if snippet not in source]
+    for name in ("get_gamma_weights", "get_high_entropy_mask", "get_off_policy_mask", "_get_per_token_logps_and_entropies"):
+        if not hasattr(grpo_trainer_cls, name):
+            missing.append(f"GRPOTrainer.{name}")
+    if missing:
+        raise RuntimeError(
+            f"respo_trl hooks ReSPO into TRL {SUPPORTED_TRL}'s GRPOTrainer, but the installed trl {trl.__version__} no "
+            f"longer has {missing}. Install a supported TRL (pip install 'trl>={SUPPORTED_TRL},<1.17') or a respo_trl "
+            "release that supports this TRL. TRL's own loss types would still train, but ReSPO cannot run safely."
+        )
+    if not trl.__version__.startswith(SUPPORTED_TRL + "."):
+        logger.warning(
+            f"respo_trl was tested with trl {SUPPORTED_TRL}.x; trl {trl.__version__} still has the hooks ReSPO needs, "
+            "but results are not verified."
+        )
+    if grpo_trainer_cls is GRPOTrainer:
+        _TRL_HOOKS_CHECKED = True
 
 
 class ReSPOTrainer(GRPOTrainer):
     """Drop-in replacement for ``trl.GRPOTrainer`` that trains with ReSPO.
 
     Accepts the same arguments. ``args`` may be a :class:`ReSPOConfig` (any ``loss_type`` works, so baselines run
-    through the same plumbing) or a plain ``GRPOConfig``, which is upgraded to ReSPO at its defaults (logged once).
+    through the same plumbing, exactly as TRL runs them) or a plain ``GRPOConfig``, which is upgraded to ReSPO at the
+    paper's defaults (logged once).
     """
 
-    _tag_names = ["trl", "grpo", "respo", "rlvr", "reinforcement-learning"]
+    _tag_names = list(TRAINER_TAGS)
     _name = "ReSPO"
     _paper = {
         "title": "ReSPO: Reshaped Sequence Policy Optimization for Gradient Starvation in Off-Policy Learning",
@@ -55,6 +94,7 @@ class ReSPOTrainer(GRPOTrainer):
     }
 
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *rest, **kwargs):
+        check_trl_hooks()
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = ReSPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-ReSPO")
@@ -64,29 +104,32 @@ class ReSPOTrainer(GRPOTrainer):
             previous = args.loss_type
             args = ReSPOConfig.from_grpo_config(args)
             logger.warning(
-                f"ReSPOTrainer received a plain GRPOConfig (loss_type={previous!r}): training with ReSPO at its "
-                f"defaults (alpha/lambda pos={args.respo_alpha_pos}/{args.respo_lambda_pos}, "
-                f"neg={args.respo_alpha_neg}/{args.respo_lambda_neg}, norm={args.respo_norm!r}). Pass "
-                f"ReSPOConfig(loss_type={previous!r}) to train with TRL's loss instead.",
+                f"ReSPOTrainer received a plain GRPOConfig (loss_type={previous!r}): training with ReSPO at the "
+                f"paper's defaults. Pass ReSPOConfig(loss_type={previous!r}) to train with TRL's loss instead.",
                 main_process_only=True,
             )
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
+        if self.loss_type == "respo":
+            for line in [describe_kernel(args), *respo_notes(args)]:
+                logger.warning(line, main_process_only=True)
         self.loss_params = LossParams.from_config(args)
         self._loss_name = registered_loss_for(self.loss_type)
         self.rollouts = RolloutBuffer(
             reuse=args.respo_reuse,
             steps_per_generation=args.steps_per_generation,
-            reshuffle=args.respo_reshuffle,
+            reshuffle=args.respo_reshuffle_active,
             seed=args.seed,
             storage_device="cpu" if args.respo_buffer_device == "cpu" else None,
+            num_processes=self.accelerator.num_processes,
         )
-        self._respo_kernel_active = False  # True while TRL's vespo branch must use the ReSPO weight
+        self._respo_kernel_active = False  # True while TRL's vespo branch must use the ReSPO coefficient
         self._capture_logps = False
         self._captured_logps = None
+        self._applied_masks: dict[str, torch.Tensor] = {}  # the entropy / off-policy masks TRL applied this micro-batch
         self._nonfinite_rows = None
-        self._nonfinite_total = 0
         self._tokens_at_step_start = 0
-        self._fresh_grad_norm = (None, None)  # (generation batch index, grad_norm of its fresh pass)
+        self._step_passes: list[tuple[int, int]] = []  # (generation index, pass) of each micro-batch of this step
+        self._fresh_grad_norm = (None, None)  # (generation index, grad_norm of its fresh pass)
 
     # -- rollout reuse -----------------------------------------------------------------------------------------------
 
@@ -105,6 +148,9 @@ class ReSPOTrainer(GRPOTrainer):
         elif micro_index == 0 and self.args.respo_min_ess is not None and self._below_ess_floor():
             self._fill_buffer(generation_batch)  # same prompts (the sampler repeats them for every pass)
             self.rollouts.refreshes += 1
+        if self._step % self.current_gradient_accumulation_steps == 0:
+            self._step_passes = []
+        self._step_passes.append((self.rollouts.generation_index, pass_index))
         inputs = self.rollouts.micro_batch(pass_index, micro_index, device=self.accelerator.device)
         return unsplit_pixel_values_by_grid(inputs)
 
@@ -127,33 +173,47 @@ class ReSPOTrainer(GRPOTrainer):
 
     @torch.no_grad()
     def _below_ess_floor(self) -> bool:
-        """Normalised ESS of the whole buffered batch under the current policy (all processes), vs the floor."""
-        batch = {k: v.to(self.accelerator.device) if torch.is_tensor(v) else v for k, v in self.rollouts.batch.items()}
+        """Normalised Kish ESS of the raw sequence weights ``W`` (sampler correction included) of the whole buffered
+        batch under the current policy, over all processes, against ``respo_min_ess``."""
+        batch = unsplit_pixel_values_by_grid(dict(self.rollouts.batch))
+        batch = {k: v.to(self.accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
         old = batch.get("old_per_token_logps")
         if old is None:
             return False
         completion_ids = batch["completion_ids"]
+        multimodal = (
+            "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+            "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+        )  # fmt: skip
         logps, _, _ = self._get_per_token_logps_and_entropies(
             self.model,
             torch.cat([batch["prompt_ids"], completion_ids], dim=1),
             torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
             completion_ids.size(1),
             batch_size=self.args.per_device_train_batch_size,
+            **{key: batch.get(key) for key in multimodal},
         )
         mask = batch["completion_mask"] * batch.get("tool_mask", 1)
-        s = sequence_log_weights(
-            logps - old, mask, self.args.respo_norm, self.args.respo_rho_min, gather=self.accelerator.gather
-        )
-        valid = self.accelerator.gather((mask.sum(-1) > 0).float()) > 0
-        ess = kish_ess(self.accelerator.gather(s)[valid]).item()
+        log_c, kept = fold_sampler_ratio(self._sampler_ratio(batch), mask)
+        log_w = sequence_log_weight(logps - old, kept, log_c)
+        valid = kept.any(-1) & torch.isfinite(log_w)
+        gathered = self.accelerator.gather(torch.stack([log_w, valid.float()], dim=-1))
+        ess = kish_ess(gathered[:, 0][gathered[:, 1] > 0]).item()
         self._metrics["train"]["reuse/ess_before_pass"].append(ess)
         return ess < self.args.respo_min_ess
+
+    def _sampler_ratio(self, inputs):
+        """TRL's vLLM importance-sampling ratio when the correction is on (it then enters every loss), else None."""
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            return inputs.get("importance_sampling_ratio")
+        return None
 
     # -- loss ----------------------------------------------------------------------------------------------------------
 
     def _compute_loss(self, model, inputs):
         inputs = self._drop_nonfinite(inputs)
         self._capture_logps = True
+        self._applied_masks = {}
         try:
             with self._respo_through_vespo_branch():
                 loss = super()._compute_loss(model, inputs)
@@ -173,20 +233,31 @@ class ReSPOTrainer(GRPOTrainer):
         finally:
             self.loss_type, self._respo_kernel_active = "respo", False
             mode = "train" if self.model.training else "eval"
-            self._metrics[mode].pop("vespo/phi_seq_mean", None)  # it held ReSPO's phi; respo/phi_mean/* reports it
+            self._metrics[mode].pop("vespo/phi_seq_mean", None)  # it held ReSPO's coefficient; respo/* reports it
 
     def get_gamma_weights(self, advantages, log_ratio_per_token, mask, importance_sampling_ratio, **vespo_params):
         if not self._respo_kernel_active:
             return GRPOTrainer.get_gamma_weights(
                 advantages, log_ratio_per_token, mask, importance_sampling_ratio, **vespo_params
             )
-        log_is = None
-        if importance_sampling_ratio is not None:
-            log_is = torch.log(importance_sampling_ratio).clamp(min=-LOG_RATIO_CLAMP)
-        phi = respo_phi(
-            log_ratio_per_token, advantages, mask, self.loss_params, log_is, gather=self.accelerator.gather
+        return respo_coefficients(
+            log_ratio_per_token,
+            advantages,
+            mask,
+            self.loss_params,
+            sampler_ratio=importance_sampling_ratio,
+            gather=self.accelerator.gather,
         )
-        return phi.unsqueeze(-1)
+
+    def get_high_entropy_mask(self, entropies, mask, threshold):
+        entropy_mask = super().get_high_entropy_mask(entropies, mask, threshold)
+        self._applied_masks["entropy"] = entropy_mask.detach()
+        return entropy_mask
+
+    def get_off_policy_mask(self, *args, **kwargs):
+        keep = GRPOTrainer.get_off_policy_mask(*args, **kwargs)  # a staticmethod in TRL
+        self._applied_masks["off_policy"] = keep.detach()
+        return keep
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(*args, **kwargs)
@@ -214,7 +285,6 @@ class ReSPOTrainer(GRPOTrainer):
         self._nonfinite_rows = bad
         if not bad.any():
             return inputs
-        self._nonfinite_total += int(bad.sum())
         inputs = dict(inputs)
         keep = ~bad
         inputs["advantages"] = torch.where(keep.reshape(-1, *[1] * (advantages.dim() - 1)), advantages, 0.0)
@@ -238,16 +308,17 @@ class ReSPOTrainer(GRPOTrainer):
         mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
         old = inputs.get("old_per_token_logps")
         log_ratio = torch.zeros_like(logps) if old is None else logps - old
-        is_ratio = None
-        if self.use_vllm and self.vllm_importance_sampling_correction:
-            is_ratio = inputs.get("importance_sampling_ratio")
+        token_weight = None
+        for applied in self._applied_masks.values():  # what TRL multiplied the per-token loss by, besides the ratio
+            token_weight = applied.float() if token_weight is None else token_weight * applied.float()
         table = sequence_stats(
             log_ratio,
             inputs["advantages"],
             mask,
             self.loss_params,
             self._loss_name,
-            is_ratio=is_ratio,
+            sampler_ratio=self._sampler_ratio(inputs),
+            token_weight=token_weight,
             gather=self.accelerator.gather,
         )
         versions = inputs.get(VERSION_KEY)
@@ -279,24 +350,46 @@ class ReSPOTrainer(GRPOTrainer):
 
     def log(self, logs: dict, start_time: float | None = None) -> None:
         # Under reuse the failure to watch is a loss that keeps taking full steps on stale rollouts: the clipped loss's
-        # gradient norm falls several-fold on reuse passes, ReSPO's need not (docs/method.md, section 6). Log which pass
-        # over its batch this optimizer step was and its grad_norm relative to the batch's fresh pass.
-        if "grad_norm" in logs and self.model.training and self.state.global_step > 0:
-            steps_per_pass = max(1, self.args.steps_per_generation // self.args.gradient_accumulation_steps)
-            batch_index, step_in_batch = divmod(self.state.global_step - 1, steps_per_pass * self.num_iterations)
-            pass_index = step_in_batch // steps_per_pass
-            logs["reuse/pass"] = float(pass_index + 1)
-            if pass_index == 0:
-                self._fresh_grad_norm = (batch_index, logs["grad_norm"])
-            elif self._fresh_grad_norm[0] == batch_index and self._fresh_grad_norm[1]:
-                # only against this batch's own fresh pass (with logging_steps > 1 it may not have been logged)
-                logs["reuse/grad_norm_vs_fresh"] = logs["grad_norm"] / self._fresh_grad_norm[1]
+        # gradient norm falls several-fold on reuse passes, a sequence kernel's need not (docs/method.md, section 6).
+        # Log which pass over its batch the last optimizer step was (the mean when one step spans several passes, as
+        # with steps_per_generation < gradient_accumulation_steps) and, for a step inside one reuse pass, its
+        # grad_norm relative to that same batch's fresh pass.
+        if "grad_norm" in logs and self.model.training and self._step_passes:
+            passes = self._step_passes
+            logs["reuse/pass"] = sum(p + 1 for _, p in passes) / len(passes)
+            if len(set(passes)) == 1:
+                generation, pass_index = passes[0]
+                if pass_index == 0:
+                    self._fresh_grad_norm = (generation, logs["grad_norm"])
+                elif self._fresh_grad_norm[0] == generation and self._fresh_grad_norm[1]:
+                    # only against this batch's own fresh pass (with logging_steps > 1 it may not have been logged)
+                    logs["reuse/grad_norm_vs_fresh"] = logs["grad_norm"] / self._fresh_grad_norm[1]
         super().log(logs, start_time)
 
     # -- checkpointing -------------------------------------------------------------------------------------------------
 
+    def train(self, resume_from_checkpoint=None, trial=None, **kwargs):
+        """``Trainer.train``, resuming only from complete checkpoints: with ``resume_from_checkpoint=True`` the latest
+        complete one (interrupted saves are skipped with a warning); an explicit incomplete path is an error."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = self._last_complete_checkpoint()
+        elif isinstance(resume_from_checkpoint, str) and os.path.isdir(resume_from_checkpoint):
+            problem = checkpoint_status(resume_from_checkpoint, self.accelerator.num_processes)
+            if problem:
+                raise ValueError(f"cannot resume from {resume_from_checkpoint}: {problem}")
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+
+    def _last_complete_checkpoint(self) -> str:
+        path, skipped = last_complete_checkpoint(self.args.output_dir, self.accelerator.num_processes)
+        for folder, problem in skipped:
+            logger.warning(f"Skipping {folder}: {problem}")
+        if path is None:
+            raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir})")
+        return path
+
     def _save_checkpoint(self, model, trial):
-        # The buffer goes in first so that a checkpoint pushed to the Hub by super() carries it too.
+        # The buffer goes in first so that a checkpoint pushed to the Hub by super() carries it too; super() writes
+        # trainer_state.json last, which is what marks a checkpoint complete (buffer.checkpoint_status).
         checkpoint_dir = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         passes_left = self._step % (self.args.steps_per_generation * self.num_iterations) != 0
         self.rollouts.save(
@@ -311,11 +404,31 @@ class ReSPOTrainer(GRPOTrainer):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
+        if not has_buffer_files(checkpoint):
+            self._resume_without_buffer(checkpoint)
+            return
         extra = self.rollouts.load(checkpoint, self.accelerator.process_index, device=self.accelerator.device)
         self._step = extra["step"]
         self._tokens_at_step_start = extra["tokens_at_step_start"]
 
-    # -- model card and Hub (logic in respo_trl/model_card.py and respo_trl/hub.py) -------------------------------------
+    def _resume_without_buffer(self, checkpoint) -> None:
+        """A checkpoint written by plain ``GRPOTrainer`` (no rollout buffer): start a new generation cycle, as TRL's own
+        resume does, and say whether anything of the interrupted batch is lost."""
+        cycle = self.args.steps_per_generation * self.num_iterations
+        micro_steps = self.state.global_step * self.args.gradient_accumulation_steps
+        if micro_steps % cycle == 0:
+            logger.info(f"{checkpoint} has no rollout buffer; it ends a generation cycle, so nothing is lost.")
+        else:
+            left = cycle - micro_steps % cycle
+            logger.warning(
+                f"{checkpoint} has no rollout buffer (written by plain GRPOTrainer?) and ends mid-cycle: the "
+                f"{left} remaining micro-batches of its rollout batch are replaced by fresh rollouts, as TRL's resume "
+                "does. The sampled-token counter restarts at 0."
+            )
+        self._step = 0
+        self.rollouts.batch = None
+
+    # -- model card and Hub (logic in respo_trl/hub/) -------------------------------------------------------------------
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """Write ReSPO's card (method, kernel, reuse, versions, eval table, curves) to ``output_dir/README.md``."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-import zlib
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,8 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
+
+from respo_trl.demo.rewards import crc_reward  # noqa: E402,F401  (re-exported to tests and workers)
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
@@ -69,14 +70,10 @@ CPU_ARGS = dict(
 )
 
 
-def crc_reward(completions, **kwargs):
-    """Deterministic pseudo-reward in {0, 1} from the completion text (gives non-zero advantages)."""
-    return [float(zlib.crc32(c[0]["content"].encode()) % 2) for c in completions]
-
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from respo_trl.tiny import build_char_tokenizer
+    from respo_trl.demo.tiny import build_char_tokenizer
 
     return build_char_tokenizer()
 
@@ -92,7 +89,7 @@ def toy_dataset():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tokenizer, tmp_path_factory):
     """A tiny dense Qwen3 and its tokenizer saved like a Hub snapshot, loaded by path (as users load Hub ids)."""
-    from respo_trl.tiny import tiny_qwen3
+    from respo_trl.demo.tiny import tiny_qwen3
 
     path = tmp_path_factory.mktemp("tiny-qwen3")
     tiny_qwen3(tokenizer).save_pretrained(path)
@@ -104,7 +101,7 @@ def tiny_model_dir(tokenizer, tmp_path_factory):
 def make_trainer(tokenizer, toy_dataset, tmp_path):
     """Build a trainer on a fresh tiny model: ``make_trainer(config_cls=ReSPOConfig, moe=False, **config_overrides)``."""
     from respo_trl import ReSPOConfig, ReSPOTrainer
-    from respo_trl.tiny import tiny_qwen3
+    from respo_trl.demo.tiny import tiny_qwen3
 
     def build(config_cls=ReSPOConfig, moe=False, trainer_cls=ReSPOTrainer, model=None, **overrides):
         args = config_cls(**{"output_dir": str(tmp_path / "out"), **CPU_ARGS, **overrides})

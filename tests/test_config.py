@@ -22,8 +22,38 @@ def test_defaults(configs, tmp_path):
     args = build(configs, tmp_path)
     assert isinstance(args, configs[1])
     assert args.loss_type == "respo"
-    assert (args.respo_alpha_pos, args.respo_lambda_pos, args.respo_alpha_neg, args.respo_lambda_neg) == (0.5, 0.5, 2.0, 2.0)
-    assert args.respo_reuse == args.num_iterations == 1
+    fields = ("alpha_pos", "beta_pos", "lambda_pos", "alpha_neg", "beta_neg", "lambda_neg")
+    assert tuple(getattr(args, f"respo_{f}") for f in fields) == (2.0, 0.5, 2.0, 1.0, 0.5, 2.0)  # the paper's
+    assert args.respo_norm == "none" and args.respo_reuse == args.num_iterations == 1
+    assert args.kernel_constants == {"alpha_pos": 2.0, "beta_pos": 0.5, "lam_pos": 2.0, "alpha_neg": 1.0,
+                                     "beta_neg": 0.5, "lam_neg": 2.0}
+    # baselines keep TRL's own defaults (the sampler-correction mode among them)
+    trl_default = configs[1].__dataclass_fields__["vllm_importance_sampling_mode"].default
+    assert args.vllm_importance_sampling_mode == trl_default == "sequence_mask"
+
+
+def test_trust_mask_auto_is_on_exactly_when_samples_are_reused(configs, tmp_path):
+    assert not build(configs, tmp_path).respo_trust_mask_active
+    assert not build(configs, tmp_path, respo_updates_per_rollout=8).respo_trust_mask_active  # paper-pure: N, R = 1
+    assert build(configs, tmp_path, num_iterations=2).respo_trust_mask_active
+    assert not build(configs, tmp_path, num_iterations=2, respo_trust_mask="none").respo_trust_mask_active
+    assert build(configs, tmp_path, respo_trust_mask="directional").respo_trust_mask_active
+
+
+def test_reshuffle_default_is_respo_only(configs, tmp_path):
+    assert build(configs, tmp_path).respo_reshuffle_active
+    assert not build(configs, tmp_path, loss_type="dapo").respo_reshuffle_active  # TRL replays its mini-batches
+    assert build(configs, tmp_path, loss_type="dapo", respo_reshuffle=True).respo_reshuffle_active
+
+
+def test_updates_per_rollout_is_the_papers_n(configs, tmp_path):
+    args = build(configs, tmp_path, respo_updates_per_rollout=4, gradient_accumulation_steps=2)
+    assert args.steps_per_generation == 8 and args.num_iterations == 1
+    assert args.generation_batch_size == 8 * args.per_device_train_batch_size
+    with pytest.raises(ValueError, match="steps_per_generation"):
+        build(configs, tmp_path, respo_updates_per_rollout=4, steps_per_generation=3)
+    with pytest.raises(ValueError, match="generation_batch_size"):
+        build(configs, tmp_path, respo_updates_per_rollout=4, generation_batch_size=64)
 
 
 def test_every_respo_field_has_help_text(configs):
@@ -39,6 +69,9 @@ def test_every_respo_field_has_help_text(configs):
     "field,value,match",
     [
         ("respo_alpha_pos", -0.1, "respo_alpha_pos"),
+        ("respo_alpha_pos", 0.0, "respo_alpha_pos"),
+        ("respo_beta_pos", 1.2, "respo_beta_pos"),
+        ("respo_beta_neg", -0.2, "respo_beta_neg"),
         ("respo_lambda_pos", -1.0, "respo_lambda_pos"),
         ("respo_alpha_neg", float("nan"), "respo_alpha_neg"),
         ("respo_lambda_neg", float("inf"), "respo_lambda_neg"),
@@ -49,7 +82,9 @@ def test_every_respo_field_has_help_text(configs):
         ("respo_min_ess", 0.0, "respo_min_ess"),
         ("respo_min_ess", 2.0, "respo_min_ess"),
         ("respo_buffer_device", "gpu", "respo_buffer_device"),
-        ("importance_sampling_level", "sequence", "importance_sampling_level"),
+        ("respo_trust_mask", "symmetric", "respo_trust_mask"),
+        ("respo_updates_per_rollout", 0, "respo_updates_per_rollout"),
+        ("respo_reshuffle", "yes", "respo_reshuffle"),
     ],
 )
 def test_invalid_values_raise_naming_the_field(configs, tmp_path, field, value, match):
@@ -57,14 +92,18 @@ def test_invalid_values_raise_naming_the_field(configs, tmp_path, field, value, 
         build(configs, tmp_path, **{field: value})
 
 
-def test_incompatible_vllm_correction_mode_raises(configs, tmp_path):
-    with pytest.raises(ValueError, match="vllm_importance_sampling_mode"):
-        build(configs, tmp_path, use_vllm=True, vllm_importance_sampling_mode="sequence_mask")
-    # a token mode, or the correction switched off, is fine (no vLLM needed to build the config)
-    build(configs, tmp_path, use_vllm=True, vllm_importance_sampling_mode="token_mask")
-    build(configs, tmp_path, use_vllm=True, vllm_importance_sampling_correction=False, vllm_importance_sampling_mode="sequence_mask")
-    # other loss types keep TRL's own rules
-    build(configs, tmp_path, use_vllm=True, loss_type="dapo", vllm_importance_sampling_mode="sequence_mask")
+def test_every_config_trl_accepts_is_accepted(configs, tmp_path):
+    """TRL's default vLLM mode (sequence_mask), every other mode, and GSPO-style configs build (no vLLM needed)."""
+    from respo_trl.config import SAMPLER_MODES, respo_notes
+
+    for mode in SAMPLER_MODES:
+        args = build(configs, tmp_path, use_vllm=True, vllm_importance_sampling_mode=mode)
+        (note,) = respo_notes(args)
+        assert mode in note and "multiplied by the ratio again" in note
+    gspo = build(configs, tmp_path, importance_sampling_level="sequence")
+    assert any("respo_norm='mean'" in note for note in respo_notes(gspo))
+    assert respo_notes(build(configs, tmp_path)) == []
+    assert respo_notes(build(configs, tmp_path, loss_type="dapo", use_vllm=True)) == []
 
 
 def test_reuse_is_num_iterations(configs, tmp_path):
@@ -83,7 +122,12 @@ def test_upgrade_plain_grpo_config_keeps_its_settings(configs, tmp_path):
     assert upgraded.loss_type == "respo" and upgraded.respo_reuse == 3 and upgraded.num_iterations == 3
     assert upgraded.beta == 0.04 and upgraded.epsilon_high == 0.28
     assert upgraded.generation_batch_size == plain.generation_batch_size
-    assert upgraded.respo_norm == "sqrt"
+    assert upgraded.respo_norm == "none" and upgraded.respo_alpha_pos == 2.0
+    assert upgraded.respo_trust_mask_active  # num_iterations=3 reuses samples
+    # TRL's default vLLM mode and GSPO-style settings are kept, not refused
+    vllm = GRPOConfig(output_dir=str(tmp_path), **{**CPU_ARGS, "use_vllm": True, "importance_sampling_level": "sequence"})
+    upgraded = ReSPOConfig.from_grpo_config(vllm)
+    assert upgraded.vllm_importance_sampling_mode == "sequence_mask" and upgraded.importance_sampling_level == "sequence"
     assert plain.loss_type == "dapo"  # the user's object is not mutated
 
 

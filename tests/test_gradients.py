@@ -58,7 +58,7 @@ def assert_same_grads(a, b):
 
 @pytest.mark.parametrize("with_old_logps", [True, False])
 def test_on_policy_respo_gradient_equals_trl_dapo(make_trainer, tokenizer, with_old_logps):
-    from respo_trl.tiny import tiny_qwen3
+    from respo_trl.demo.tiny import tiny_qwen3
 
     model = tiny_qwen3(tokenizer)
     respo = prepare(make_trainer(model=model))
@@ -72,15 +72,19 @@ def test_on_policy_respo_gradient_equals_trl_dapo(make_trainer, tokenizer, with_
     assert loss_r.item() == pytest.approx(-((inputs["advantages"][:, None] * current_logps(respo, inputs)) * inputs["completion_mask"]).sum().item() / inputs["num_items_in_batch"].item(), rel=1e-5)
 
 
-@pytest.mark.parametrize("norm", ["sqrt", "none", "mean"])
-def test_off_policy_respo_gradient_is_phi_times_advantage_times_grad_logp(make_trainer, tokenizer, norm):
-    trainer = prepare(make_trainer(respo_norm=norm))
+@pytest.mark.parametrize("trust_mask", ["none", "directional"])
+@pytest.mark.parametrize("norm", ["none", "mean"])
+def test_off_policy_respo_gradient_is_phi_times_advantage_times_grad_logp(make_trainer, tokenizer, norm, trust_mask):
+    """Through the real trainer, off-policy: catches swapped branches, a dropped tilt, a length normalisation that is
+    not asked for, a trust mask on the wrong tokens (the on-policy equality above cannot see any of these)."""
+    trainer = prepare(make_trainer(respo_norm=norm, respo_trust_mask=trust_mask))
     inputs = make_batch(tokenizer, seed=1)
     gen = torch.Generator().manual_seed(5)
-    inputs["old_per_token_logps"] = current_logps(trainer, inputs) + 0.6 * torch.randn(8, 7, generator=gen)
+    inputs["old_per_token_logps"] = current_logps(trainer, inputs) + 0.4 * torch.randn(8, 7, generator=gen)
     _, grads = loss_and_grads(trainer, inputs)
 
-    # By hand, straight from the spec: rho, l, s, phi(w) = w^alpha exp(lam (1 - w)), loss = -sum phi A logp / N
+    # By hand, straight from the paper: l = sum_t m (logp - old), phi+(W) = (1+W)/2 e^(1-W), phi-(W) = sqrt(W)
+    # e^(2(1 - sqrt W)), the PPO-style directional mask, loss = -sum phi A logp / N
     trainer.model.zero_grad()
     m = inputs["completion_mask"].float()
     logps, _, _ = trainer._get_per_token_logps_and_entropies(
@@ -89,16 +93,19 @@ def test_off_policy_respo_gradient_is_phi_times_advantage_times_grad_logp(make_t
         torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1),
         7,
     )
-    rho = (logps.detach() - inputs["old_per_token_logps"]).clamp(-20, 20)
+    rho = logps.detach() - inputs["old_per_token_logps"]
     l, L = (rho * m).sum(-1), m.sum(-1)
-    T = {"sqrt": L.sqrt(), "none": torch.ones_like(L), "mean": L}[norm]
-    w = torch.exp((l / T).clamp(-20, 20))
+    W = torch.exp((l / {"none": torch.ones_like(L), "mean": L}[norm]).clamp(-20, 20))
     adv = inputs["advantages"]
-    alpha = torch.where(adv >= 0, 0.5, 2.0)
-    lam = torch.where(adv >= 0, 0.5, 2.0)
-    phi = w**alpha * torch.exp(lam * (1 - w))
-    assert not torch.allclose(phi, torch.ones_like(phi))  # genuinely off-policy
-    loss = -(phi[:, None] * adv[:, None] * logps * m).sum() / m.sum()
+    phi = torch.where(adv >= 0, (1 + W) / 2 * torch.exp(1 - W), W.sqrt() * torch.exp(2 * (1 - W.sqrt())))
+    assert not torch.allclose(phi, torch.ones_like(phi), atol=0.05)  # genuinely off-policy
+    coef = phi[:, None] * m
+    if trust_mask == "directional":
+        r = torch.exp(rho)
+        stop = ((adv[:, None] > 0) & (r > 1.2)) | ((adv[:, None] < 0) & (r < 0.8))
+        assert stop.any() and (~stop & (m > 0)).any()
+        coef = coef * (~stop)
+    loss = -(coef * adv[:, None] * logps).sum() / m.sum()
     loss.backward()
     expected = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
     assert_same_grads(grads, expected)
@@ -118,22 +125,33 @@ AGGREGATION = {
 }
 
 
+MASKS = {
+    "none": {},
+    "entropy": {"top_entropy_quantile": 0.2},  # TRL keeps the gradient of the 20% highest-entropy tokens only
+    "off_policy": {"off_policy_mask_threshold": -0.05},  # DeepSeek-V3.2 sequence mask: drops 1 of the 2 negatives
+}
+
+
+@pytest.mark.parametrize("masks", sorted(MASKS))
 @pytest.mark.parametrize("loss_type", sorted(AGGREGATION))
-def test_registry_coefficients_match_the_trainers_actual_loss(make_trainer, tokenizer, loss_type):
-    """Differentiate TRL's real loss w.r.t. the per-token log-probs: c_it = -dLoss/dlogp * norm / A_i."""
+def test_diagnostics_report_the_coefficients_of_the_loss_trl_really_computes(make_trainer, tokenizer, loss_type, masks):
+    """Differentiate TRL's real loss w.r.t. the per-token log-probs, c_it = -dLoss/dlogp * norm / A_i, and check the
+    registry's coefficients (without masks) and the logged throughput (always) against it. Catches diagnostics that
+    ignore TRL's entropy or off-policy masks (top_entropy_quantile=0.2 would otherwise still report 1.0)."""
     from respo_trl.kernels import LossParams, gradient_coefficients, registered_loss_for
 
     extra = {"epsilon_high": 3.0} if loss_type == "cispo" else {}
-    trainer = prepare(make_trainer(loss_type=loss_type, **extra))
+    trainer = prepare(make_trainer(loss_type=loss_type, **extra, **MASKS[masks]))
     inputs = make_batch(tokenizer, seed=2)
     m = inputs["completion_mask"].float()
     gen = torch.Generator().manual_seed(9)
     logps = (-2 + 0.3 * torch.randn(8, 7, generator=gen)).requires_grad_(True)
     inputs["old_per_token_logps"] = logps.detach() + 0.5 * torch.randn(8, 7, generator=gen)
+    entropies = torch.rand(8, 7, generator=gen)
 
     def fake_logps(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         trainer._captured_logps = logps.detach()
-        return logps, torch.ones_like(logps), None
+        return logps, entropies, None
 
     trainer._get_per_token_logps_and_entropies = fake_logps
     loss = trainer._compute_loss(trainer.model, inputs)
@@ -141,12 +159,20 @@ def test_registry_coefficients_match_the_trainers_actual_loss(make_trainer, toke
     adv = inputs["advantages"].unsqueeze(-1)
     from_trainer = -grad * AGGREGATION[loss_type](m) / adv * m
 
-    params = LossParams.from_config(trainer.args)
-    registry = gradient_coefficients(
-        registered_loss_for(loss_type), logps.detach() - inputs["old_per_token_logps"], inputs["advantages"], m, params
-    )
-    torch.testing.assert_close(from_trainer, registry, rtol=1e-4, atol=1e-6)
-    assert not torch.allclose(registry, m)  # the batch is off-policy enough to matter
+    if masks == "none":
+        params = LossParams.from_config(trainer.args)
+        registry = gradient_coefficients(
+            registered_loss_for(loss_type), logps.detach() - inputs["old_per_token_logps"], inputs["advantages"], m, params
+        )
+        torch.testing.assert_close(from_trainer, registry, rtol=1e-4, atol=1e-6)
+        assert not torch.allclose(registry, m)  # the batch is off-policy enough to matter
+    else:
+        assert (from_trainer[m > 0] == 0).any()  # the mask removed gradient the unmasked loss would have
+    for sign, selected in (("pos", adv[:, 0] > 0), ("neg", adv[:, 0] < 0)):
+        weight = adv[selected, 0].abs()
+        expected = (weight * from_trainer[selected].sum(-1)).sum() / (weight * m[selected].sum(-1)).sum()
+        logged = trainer._metrics["train"][f"starvation/grad_throughput/{sign}"][-1]
+        assert logged == pytest.approx(expected.item(), rel=1e-4, abs=1e-6), sign
 
 
 def test_nonfinite_inputs_are_masked_not_propagated(make_trainer, tokenizer, tiny_model_dir):

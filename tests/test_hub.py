@@ -106,7 +106,7 @@ def assert_loadable(output_dir: Path):
 
 
 def test_push_offline_fails_clearly_and_saves_the_model(make_trainer, tmp_path):
-    from respo_trl.hub import HubPushError
+    from respo_trl.hub.push import HubPushError
 
     trainer = make_trainer(max_steps=1, hub_model_id="me/tiny-respo", hub_token="hf_invalid")
     trainer.train()
@@ -121,7 +121,7 @@ def test_push_offline_fails_clearly_and_saves_the_model(make_trainer, tmp_path):
 
 
 def test_push_to_unreachable_endpoint_leaves_checkpoint_intact(make_trainer, tmp_path, hub_endpoint):
-    from respo_trl.hub import HubPushError
+    from respo_trl.hub.push import HubPushError
 
     trainer = make_trainer(max_steps=1, hub_model_id="me/tiny-respo", hub_token="hf_invalid")
     trainer.train()
@@ -139,7 +139,7 @@ def test_push_to_unreachable_endpoint_leaves_checkpoint_intact(make_trainer, tmp
 
 
 def test_bad_token_is_named_and_upload_refusal_keeps_local_files(make_trainer, tmp_path, hub_endpoint, stub_hub):
-    from respo_trl.hub import HubPushError
+    from respo_trl.hub.push import HubPushError
 
     url, handler, calls = stub_hub
     hub_endpoint(url)
@@ -162,7 +162,7 @@ def test_bad_token_is_named_and_upload_refusal_keeps_local_files(make_trainer, t
 
 
 def test_push_to_hub_at_construction_fails_clearly(make_trainer, hub_endpoint):
-    from respo_trl.hub import HubPushError
+    from respo_trl.hub.push import HubPushError
 
     url = closed_port_url()
     hub_endpoint(url)
@@ -172,7 +172,7 @@ def test_push_to_hub_at_construction_fails_clearly(make_trainer, hub_endpoint):
 
 def test_local_errors_are_not_reported_as_hub_errors(make_trainer, monkeypatch):
     """A disk problem while saving must surface as itself, not as a network failure."""
-    from respo_trl.hub import HubPushError
+    from respo_trl.hub.push import HubPushError
 
     trainer = make_trainer(max_steps=1, hub_model_id="me/tiny-respo")
     trainer.hub_model_id = "me/tiny-respo"  # repository already created: transformers saves before uploading

@@ -1,4 +1,5 @@
-"""The pure-torch kernel module against closed forms, the spec's table, and hostile inputs."""
+"""The pure-torch kernel module against the paper's closed forms, the spec's table, the family formula, its calculus
+at W = 1, its boundary conditions, and hostile inputs. Each test names the bug it would catch."""
 
 import math
 
@@ -8,87 +9,231 @@ import torch
 
 from respo_trl import kernels as K
 
-SPEC_W = [1e-4, 0.01, 0.1, 0.5, 1.0, 2.0, 5.0, 20.0]
+SPEC_W = [1e-4, 0.01, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 20.0]
 SPEC_TABLE = {  # spec section 2, rounded to the digits printed there
-    (0.5, 0.5): [0.0165, 0.164, 0.496, 0.908, 1, 0.858, 0.303, 3.4e-4],
-    (2.0, 2.0): [7.4e-8, 7.2e-4, 0.0605, 0.68, 1, 0.541, 0.0084, 1.3e-14],
-    (2.0, 3.0): [2.0e-7, 0.00195, 0.149, 1.12, 1, 0.199, 1.5e-4, 0.0],
+    "pos": [1.36, 1.36, 1.35, 1.32, 1.24, 1, 0.552, 0.0549, 5.9e-8],
+    "neg": [0.0724, 0.605, 1.24, 1.36, 1.27, 1, 0.618, 0.189, 0.0043],
 }
 
 
-def phi_closed_form(w, alpha, lam):
-    return w**alpha * np.exp(lam * (1.0 - w))
+def phi_pos_paper(w):
+    return (1 + w) / 2 * np.exp(1 - w)
 
 
-def test_kernel_matches_closed_form_on_random_inputs():
+def phi_neg_paper(w):
+    return np.sqrt(w) * np.exp(2 * (1 - np.sqrt(w)))
+
+
+def family_reference(w, alpha, beta, lam):
+    """The spec's formula, written directly in numpy float64 (no log-space tricks)."""
+    if alpha == 1.0:
+        phi0 = w**beta
+    else:
+        phi0 = ((1 - beta) + beta * w ** (alpha - 1)) ** (1 / (alpha - 1))
+    return phi0 * np.exp(lam * (1 - phi0))
+
+
+def test_paper_constants_give_the_closed_forms_on_random_log_weights():
+    """Catches: a wrong default, a swapped branch, a dropped tilt, alpha=1 not handled as W^beta."""
     gen = torch.Generator().manual_seed(1234)
-    s = torch.randn(500, generator=gen, dtype=torch.float64) * 3
-    adv = torch.randn(500, generator=gen)
-    a_pos, l_pos, a_neg, l_neg = (torch.rand(4, generator=gen) * 3).tolist()
-    phi = K.respo_kernel(s, adv, a_pos, l_pos, a_neg, l_neg).double().numpy()
-    w = np.exp(s.numpy())
-    expected = np.where(adv.numpy() >= 0, phi_closed_form(w, a_pos, l_pos), phi_closed_form(w, a_neg, l_neg))
-    np.testing.assert_allclose(phi, expected, rtol=1e-4, atol=1e-30)
+    log_w = (torch.rand(2000, generator=gen, dtype=torch.float64) * 40 - 20)
+    adv = torch.randn(2000, generator=gen, dtype=torch.float64)
+    phi = K.respo_kernel(log_w, adv).double().numpy()
+    w = np.exp(log_w.numpy())
+    expected = np.where(adv.numpy() >= 0, phi_pos_paper(w), phi_neg_paper(w))
+    np.testing.assert_allclose(phi, expected, rtol=1e-5, atol=1e-30)
 
 
-@pytest.mark.parametrize("params", list(SPEC_TABLE))
-def test_kernel_reproduces_spec_table(params):
-    alpha, lam = params
-    s = torch.log(torch.tensor(SPEC_W, dtype=torch.float64))
-    phi = K.respo_kernel(s, torch.ones(len(SPEC_W)), alpha, lam, 9.0, 9.0)
-    for got, want in zip(phi.tolist(), SPEC_TABLE[params]):
-        if want == 0.0:
-            assert got < 1e-20
-        else:
-            assert got == pytest.approx(want, rel=0.03)
+def test_kernel_reproduces_spec_table():
+    log_w = torch.log(torch.tensor(SPEC_W, dtype=torch.float64))
+    for sign, row in SPEC_TABLE.items():
+        adv = torch.full_like(log_w, 1.0 if sign == "pos" else -1.0)
+        for got, want in zip(K.respo_kernel(log_w, adv).tolist(), row):
+            assert got == pytest.approx(want, rel=0.02), (sign, got, want)
 
 
-def test_phi_at_one_is_one_for_any_parameters():
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(20):
-        a_pos, l_pos, a_neg, l_neg = (torch.rand(4, generator=gen) * 5).tolist()
-        phi = K.respo_kernel(torch.zeros(2), torch.tensor([1.0, -1.0]), a_pos, l_pos, a_neg, l_neg)
-        torch.testing.assert_close(phi, torch.ones(2))
+def test_family_at_random_constants_matches_the_formula():
+    """Catches: a wrong power-mean exponent, beta weighting the wrong term, a mis-signed tilt."""
+    gen = np.random.default_rng(7)
+    log_w = np.linspace(-6, 4, 301)
+    w = np.exp(log_w)
+    for _ in range(40):
+        alpha = float(gen.choice([gen.uniform(0.1, 0.99), gen.uniform(1.01, 4.0), 1.0]))
+        beta, lam = float(gen.uniform(0, 1)), float(gen.uniform(0, 4))
+        for sign in (1.0, -1.0):
+            constants = dict(alpha_pos=alpha, beta_pos=beta, lam_pos=lam) if sign > 0 else dict(
+                alpha_neg=alpha, beta_neg=beta, lam_neg=lam
+            )
+            phi = K.respo_kernel(torch.tensor(log_w), torch.full((len(w),), sign, dtype=torch.float64), **constants)
+            np.testing.assert_allclose(phi.double().numpy(), family_reference(w, alpha, beta, lam), rtol=2e-5, atol=1e-12)
 
 
-@pytest.mark.parametrize("alpha,lam", [(0.5, 0.5), (2.0, 2.0), (2.0, 3.0), (0.3, 1.7), (3.0, 1.5)])
-def test_supremum_matches_formula(alpha, lam):
-    w = torch.logspace(-4, 2, 200_001, dtype=torch.float64)
-    phi = K.respo_kernel(torch.log(w), torch.ones_like(w), alpha, lam, 0.0, 0.0).double()
-    sup, argmax = K.kernel_sup(alpha, lam)
-    assert phi.max().item() == pytest.approx(sup, rel=1e-6)
-    assert w[phi.argmax()].item() == pytest.approx(argmax, rel=1e-3)
-    if alpha == lam:
-        assert phi.max().item() <= 1 + 1e-12
+def test_phi_is_one_at_w_one_with_slope_beta_one_minus_lambda():
+    """On-policy ReSPO is exactly the policy gradient (phi(1) = 1), and the spec's slope phi'(1) = beta (1 - lam)."""
+    gen = np.random.default_rng(0)
+    for _ in range(25):
+        alpha, beta, lam = float(gen.uniform(0.2, 4)), float(gen.uniform(0, 1)), float(gen.uniform(0, 4))
+        w = torch.ones(1, dtype=torch.float64, requires_grad=True)
+        phi = K.branch_phi(torch.log(w), alpha, beta, lam)
+        (slope,) = torch.autograd.grad(phi.sum(), w)
+        assert phi.item() == pytest.approx(1.0, abs=1e-12)
+        assert slope.item() == pytest.approx(beta * (1 - lam), abs=1e-9)
+        detached = K.respo_kernel(torch.zeros(2), torch.tensor([1.0, -1.0]), alpha, beta, lam, alpha, beta, lam)
+        torch.testing.assert_close(detached, torch.ones(2))
+    # the paper set lambda- so that both branches have slope -1/2 at W = 1
+    for alpha, beta, lam in ((2.0, 0.5, 2.0), (1.0, 0.5, 2.0)):
+        w = torch.ones(1, dtype=torch.float64, requires_grad=True)
+        (slope,) = torch.autograd.grad(K.branch_phi(torch.log(w), alpha, beta, lam).sum(), w)
+        assert slope.item() == pytest.approx(-0.5)
 
 
-def test_tails_positive_branch_keeps_gradient_negative_branch_damps():
-    low, high = torch.log(torch.tensor([1e-4, 1e-2])), torch.log(torch.tensor([5.0, 20.0]))
-    respo_pos = K.respo_kernel(low, torch.ones(2), 0.5, 0.5, 2.0, 2.0)
-    vespo_pos = K.respo_kernel(low, torch.ones(2), 2.0, 3.0, 3.0, 2.0)
-    # Concave positive branch: phi ~ sqrt(w) at low weight, orders of magnitude above VESPO's w^2 and PPO's w.
-    assert (respo_pos > 50 * vespo_pos).all() and (respo_pos > torch.exp(low)).all()
-    # Negative branch: high-weight negatives are damped far below clipped PPO's coefficient w.
-    respo_neg = K.respo_kernel(high, -torch.ones(2), 0.5, 0.5, 2.0, 2.0)
-    assert (respo_neg < 0.01 * torch.exp(high)).all()
+def test_the_four_boundary_conditions_at_the_paper_constants():
+    """phi+(0) > 0 (no starvation, = e/2), phi+(inf) = 0, phi-(0) = 0, phi-(inf) = 0; maxima e/2 where the spec says."""
+    tails = torch.tensor([-40.0, -20.0, 20.0, 40.0])
+    pos = K.respo_kernel(tails, torch.ones(4))
+    neg = K.respo_kernel(tails, -torch.ones(4))
+    assert pos[0].item() == pytest.approx(math.e / 2, rel=1e-6) and pos[1].item() == pytest.approx(math.e / 2, rel=1e-6)
+    assert pos[2].item() < 1e-6 and pos[3].item() < 1e-6
+    assert neg[0].item() < 1e-3 and neg[2].item() < 1e-6
+    w = torch.logspace(-6, 3, 90_001, dtype=torch.float64)
+    phi_pos = K.respo_kernel(torch.log(w), torch.ones_like(w)).double()
+    phi_neg = K.respo_kernel(torch.log(w), -torch.ones_like(w)).double()
+    assert phi_pos.max().item() == pytest.approx(math.e / 2, rel=1e-5) and w[phi_pos.argmax()].item() < 1e-5
+    assert phi_neg.max().item() == pytest.approx(math.e / 2, rel=1e-6)
+    assert w[phi_neg.argmax()].item() == pytest.approx(0.25, rel=1e-3)
 
 
-def test_sequence_log_weights_modes():
+def test_starvation_contrast_with_vespo_and_clipped_ppo():
+    """The method's point: low-weight positives keep their gradient where VESPO and clipped PPO give ~W."""
+    low = torch.log(torch.tensor([1e-4, 1e-2]))
+    respo = K.respo_kernel(low, torch.ones(2))
+    vespo = K.gamma_kernel(low, torch.ones(2), 2.0, 3.0, 3.0, 2.0)
+    assert (respo > 1.3).all() and (vespo < 0.01).all() and (respo > 100 * torch.exp(low)).all()
+    high = torch.log(torch.tensor([5.0, 20.0]))
+    assert (K.respo_kernel(high, -torch.ones(2)) < 0.04 * torch.exp(high)).all()  # no gradient shock
+
+
+@pytest.mark.parametrize("delta", [1e-9, 1e-6, 1e-4, 1e-3])
+def test_alpha_one_is_continuous(delta):
+    """Catches: alpha near 1 computed as 0/0 or with catastrophic cancellation (the naive formula loses every digit
+    at alpha = 1 + 1e-9). Near alpha = 1, d log phi / d alpha stays below ~5 for |log W| <= 3."""
+    log_w = torch.linspace(-3, 3, 61, dtype=torch.float64)
+    adv = -torch.ones_like(log_w)
+    at_one = K.respo_kernel(log_w, adv, alpha_neg=1.0).double()
+    for alpha in (1 - delta, 1 + delta):
+        near = K.respo_kernel(log_w, adv, alpha_neg=alpha).double()
+        torch.testing.assert_close(near, at_one, rtol=10 * delta + 1e-6, atol=1e-12)
+        if delta >= 1e-4:  # where the direct formula is still accurate in float64
+            reference = family_reference(np.exp(log_w.numpy()), alpha, 0.5, 2.0)
+            np.testing.assert_allclose(near.numpy(), reference, rtol=1e-6)
+
+
+def test_finite_for_every_input_and_nan_gets_zero():
+    log_w = torch.tensor([float("inf"), float("-inf"), float("nan"), 1e30, -1e30, 0.0])
+    for sign in (1.0, -1.0):
+        phi = K.respo_kernel(log_w, torch.full((6,), sign))
+        assert torch.isfinite(phi).all()
+        assert phi[2].item() == 0.0  # a NaN sequence never gets full weight
+    assert K.respo_kernel(log_w, torch.ones(6))[1].item() == pytest.approx(math.e / 2, rel=1e-5)  # W = 0 limit
+    bf16 = K.respo_kernel(torch.zeros(3, dtype=torch.bfloat16), torch.ones(3))
+    assert bf16.dtype == torch.float32 and torch.equal(bf16, torch.ones(3))
+
+
+def test_shape_mismatch_is_an_error_not_broadcasting():
+    with pytest.raises(ValueError, match="same shape"):
+        K.respo_kernel(torch.zeros(4), torch.zeros(4, 1))
+    with pytest.raises(ValueError, match="same shape"):
+        K.respo_kernel(torch.zeros(4), torch.zeros(3))
+
+
+@pytest.mark.parametrize(
+    "name,value",
+    [("alpha_pos", 0.0), ("alpha_neg", -1.0), ("beta_pos", 1.5), ("beta_neg", -0.1), ("lam_pos", -0.5),
+     ("lam_neg", float("nan")), ("alpha_pos", float("inf")), ("beta_pos", True), ("lam_neg", "2")],
+)
+def test_out_of_domain_constants_raise_naming_the_field(name, value):
+    with pytest.raises(ValueError, match=name):
+        K.respo_kernel(torch.zeros(2), torch.ones(2), **{name: value})
+
+
+def test_sequence_log_weight_sums_masked_tokens_then_clamps_and_keeps_nan():
+    log_ratio = torch.tensor([[0.1, -0.3, 0.2, float("nan")], [15.0, 15.0, 0.0, 0.0], [0.5, float("nan"), 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 0, 0]])
+    l = K.sequence_log_weight(log_ratio, mask)
+    assert l[0].item() == pytest.approx(0.0, abs=1e-7)  # a masked NaN never contributes
+    assert l[1].item() == 20.0  # the sum (30) is clamped, not each token
+    assert math.isnan(l[2].item())  # an unmasked NaN poisons the sequence: the kernel then gives it phi = 0
+    assert K.respo_kernel(l, torch.ones(3))[2].item() == 0.0
+
+
+def test_sampler_correction_is_folded_in_log_space_token_and_sequence_level():
+    """Catches: a dropped sampler ratio, a sequence-level ratio added once per token, a masked token kept as -20."""
+    log_ratio = torch.tensor([[0.2, 0.1, 0.0], [0.0, 0.3, -0.1]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    token_ratio = torch.tensor([[2.0, 0.5, 7.0], [1.5, 0.0, 1.0]])  # 0 = masked by token_mask
+    log_c, kept = K.fold_sampler_ratio(token_ratio, mask)
+    assert kept.tolist() == [[True, True, False], [True, False, True]]
+    l = K.sequence_log_weight(log_ratio, kept, log_c)
+    expected = torch.tensor([0.3 + math.log(2.0) + math.log(0.5), 0.0 - 0.1 + math.log(1.5)])
+    torch.testing.assert_close(l, expected)
+    seq_ratio = torch.tensor([[3.0], [0.0]])  # sequence modes: (B, 1); 0 = sequence masked
+    log_c, kept = K.fold_sampler_ratio(seq_ratio, mask)
+    assert kept.tolist() == [[True, True, False], [False, False, False]]
+    l = K.sequence_log_weight(log_ratio, kept, log_c)
+    assert l[0].item() == pytest.approx(0.3 + math.log(3.0))  # added once, not once per token
+    coef = K.respo_coefficients(log_ratio, torch.tensor([1.0, 1.0]), mask, sampler_ratio=seq_ratio)
+    assert coef[1].abs().sum().item() == 0.0  # the masked sequence gets no gradient at all
+
+
+def test_directional_trust_mask_zeroes_exactly_the_tokens_clipped_ppo_stops():
+    """Catches: a symmetric mask (starves low-weight positives), a wrong epsilon, the sign of A ignored."""
+    gen = torch.Generator().manual_seed(5)
+    log_ratio = torch.randn(64, 10, generator=gen) * 0.5
+    adv = torch.randn(64, generator=gen)
+    mask = (torch.rand(64, 10, generator=gen) < 0.9).long()
+    params = K.LossParams(epsilon_low=0.2, epsilon_high=0.28)
+    trust = K.directional_trust_mask(log_ratio, adv, mask, params.epsilon_low, params.epsilon_high)
+    ppo_zero = (K.gradient_coefficients("ppo", log_ratio, adv, mask, params) == 0) & mask.bool()
+    assert torch.equal(trust == 0, ppo_zero | ~mask.bool())
+    assert ppo_zero.any() and (trust[ppo_zero.logical_not() & mask.bool()] == 1).all()
+    # tokens of low-weight positives (ratio < 1 - epsilon) keep their gradient; PPO keeps them too, with coefficient r
+    low_pos = (adv > 0).unsqueeze(-1) & (torch.exp(log_ratio) < 0.8) & mask.bool()
+    assert low_pos.any() and (trust[low_pos] == 1).all()
+
+
+def test_respo_coefficients_are_phi_times_trust_mask():
+    gen = torch.Generator().manual_seed(11)
+    log_ratio = torch.randn(32, 6, generator=gen) * 0.4
+    adv = torch.randn(32, generator=gen)
+    mask = torch.ones(32, 6)
+    phi = K.respo_kernel(K.sequence_log_weight(log_ratio, mask), adv)
+    plain = K.respo_coefficients(log_ratio, adv, mask, K.LossParams(respo_trust_mask=False))
+    torch.testing.assert_close(plain, phi.unsqueeze(-1).expand(-1, 6))
+    masked = K.respo_coefficients(log_ratio, adv, mask, K.LossParams(respo_trust_mask=True))
+    trust = K.directional_trust_mask(log_ratio, adv, mask, 0.2, 0.2)
+    torch.testing.assert_close(masked, plain * trust)
+    assert (masked == 0).any() and not (plain == 0).any()
+
+
+def test_per_token_advantages_take_the_branch_per_token():
+    log_ratio = torch.full((2, 3), -0.5)
+    mask = torch.ones(2, 3)
+    adv = torch.tensor([[1.0, -1.0, 1.0], [-1.0, -1.0, 2.0]])
+    coef = K.respo_coefficients(log_ratio, adv, mask)
+    log_w = torch.full((2, 3), -1.5)
+    torch.testing.assert_close(coef, K.respo_kernel(log_w, adv))
+
+
+def test_normalisation_modes_for_ablations():
     log_ratio = torch.tensor([[0.1, -0.3, 0.2, 0.0], [1.0, 1.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
-    l = torch.tensor([0.0, 2.0])  # masked sums
-    torch.testing.assert_close(K.sequence_log_weights(log_ratio, mask, norm="none"), l)
-    torch.testing.assert_close(K.sequence_log_weights(log_ratio, mask, norm="mean"), l / torch.tensor([3.0, 2.0]))
-    torch.testing.assert_close(K.sequence_log_weights(log_ratio, mask, norm="sqrt"), l / torch.tensor([3.0, 2.0]).sqrt())
-    # ess: std(l) = sqrt(2) over two sequences; budget sqrt(-log 0.5)
-    expected_T = max(1.0, math.sqrt(2.0) / math.sqrt(-math.log(0.5)))
-    torch.testing.assert_close(K.sequence_log_weights(log_ratio, mask, norm="ess", rho_min=0.5), l / expected_T)
-
-
-def test_token_log_ratio_is_clamped_before_summing():
-    log_ratio = torch.tensor([[50.0, -50.0, 5.0]])
-    s = K.sequence_log_weights(log_ratio, torch.ones(1, 3), norm="none")
-    assert s.item() == pytest.approx(20.0 - 20.0 + 5.0)
+    l = torch.tensor([0.0, 2.0])
+    lengths = torch.tensor([3.0, 2.0])
+    for norm, divisor in (("none", torch.ones(2)), ("mean", lengths), ("sqrt", lengths.sqrt())):
+        params = K.LossParams(respo_norm=norm)
+        torch.testing.assert_close(K.respo_log_weights(log_ratio, mask, params), l / divisor, msg=norm)
+    with pytest.raises(ValueError, match="normalization"):
+        K.normalization_scale(l, lengths, "median")
 
 
 def test_ess_normalization_keeps_effective_sample_size_above_floor():
@@ -96,30 +241,24 @@ def test_ess_normalization_keeps_effective_sample_size_above_floor():
     for sigma, rho_min in [(4.0, 0.5), (2.0, 0.8), (6.0, 0.2)]:
         l = torch.randn(20_000, generator=gen, dtype=torch.float64) * sigma
         log_ratio = torch.stack([l, torch.zeros_like(l)], dim=-1)
-        s = K.sequence_log_weights(log_ratio, torch.ones_like(log_ratio), norm="ess", rho_min=rho_min)
-        assert K.kish_ess(l).item() < rho_min  # raw weights are degenerate...
+        s = K.respo_log_weights(log_ratio, torch.ones_like(log_ratio), K.LossParams(respo_norm="ess", respo_rho_min=rho_min))
+        assert K.kish_ess(l.clamp(-20, 20)).item() < rho_min  # raw weights are degenerate...
         assert K.kish_ess(s).item() == pytest.approx(rho_min, abs=0.03)  # ...normalised ones sit at the floor
 
 
-def test_ess_normalization_is_identity_when_already_within_budget_or_single_sequence():
-    log_ratio = torch.tensor([[0.01], [-0.02], [0.015]])
-    mask = torch.ones_like(log_ratio)
-    torch.testing.assert_close(K.sequence_log_weights(log_ratio, mask, norm="ess"), log_ratio[:, 0])
-    assert K.sequence_log_weights(torch.tensor([[3.0]]), torch.ones(1, 1), norm="ess").item() == 3.0
-
-
-def test_ess_uses_gathered_statistics():
-    log_ratio = torch.tensor([[0.0], [0.0]])
+def test_ess_normalisation_uses_the_gathered_batch():
+    """Catches: the cross-process gather dropped (each rank would use its own, different scale)."""
     other_process = torch.tensor([[10.0, 1.0], [-10.0, 1.0]])  # (l, valid) rows from another rank
     gather = lambda t: torch.cat([t, other_process])  # noqa: E731
-    s = K.sequence_log_weights(torch.tensor([[4.0], [-4.0]]), torch.ones_like(log_ratio), norm="ess", gather=gather)
+    log_ratio, mask = torch.tensor([[4.0], [-4.0]]), torch.ones(2, 1)
+    params = K.LossParams(respo_norm="ess")
+    with_gather = K.respo_log_weights(log_ratio, mask, params, gather=gather)
     expected_T = torch.tensor([4.0, -4.0, 10.0, -10.0]).std() / math.sqrt(-math.log(0.5))
-    torch.testing.assert_close(s, torch.tensor([4.0, -4.0]) / expected_T)
-
-
-def test_unknown_normalization_raises():
-    with pytest.raises(ValueError, match="normalization"):
-        K.sequence_log_weights(torch.zeros(1, 2), torch.ones(1, 2), norm="median")
+    torch.testing.assert_close(with_gather, torch.tensor([4.0, -4.0]) / expected_T)
+    alone = K.respo_log_weights(log_ratio, mask, params)
+    assert not torch.allclose(alone, with_gather)
+    coef = K.respo_coefficients(log_ratio, torch.ones(2), mask, params, gather=gather)
+    torch.testing.assert_close(coef[:, 0], K.respo_kernel(with_gather, torch.ones(2)))
 
 
 def _closed_form_coefficients(name, log_ratio, adv, mask, p):
@@ -139,24 +278,20 @@ def _closed_form_coefficients(name, log_ratio, adv, mask, p):
         tau = torch.where(pos, p.sapo_temperature_pos, p.sapo_temperature_neg)
         g = torch.sigmoid(tau * (w - 1))
         return 4 * g * (1 - g) * w
-    if name == "is":
-        return w
-    l = (log_ratio * m).sum(-1)
-    if name == "is_seq":
-        return torch.exp(l).unsqueeze(-1).expand_as(w)
+    W = torch.exp((log_ratio * m).sum(-1))
     if name == "vespo":
-        s, a, lam = l, torch.where(adv >= 0, p.vespo_k_pos, p.vespo_k_neg), torch.where(adv >= 0, p.vespo_lambda_pos, p.vespo_lambda_neg)
-    else:  # respo, sqrt normalisation
-        s = l / m.sum(-1).sqrt()
-        a = torch.where(adv >= 0, p.respo_alpha_pos, p.respo_alpha_neg)
-        lam = torch.where(adv >= 0, p.respo_lambda_pos, p.respo_lambda_neg)
-    return (torch.exp(s) ** a * torch.exp(lam * (1 - torch.exp(s)))).unsqueeze(-1).expand_as(w)
+        k = torch.where(adv >= 0, p.vespo_k_pos, p.vespo_k_neg)
+        lam = torch.where(adv >= 0, p.vespo_lambda_pos, p.vespo_lambda_neg)
+        phi = W**k * torch.exp(lam * (1 - W))
+    else:  # respo at the paper's constants, no trust mask
+        phi = torch.where(adv >= 0, (1 + W) / 2 * torch.exp(1 - W), W.sqrt() * torch.exp(2 * (1 - W.sqrt())))
+    return phi.unsqueeze(-1).expand_as(w)
 
 
-@pytest.mark.parametrize("name", ["ppo", "gspo", "cispo", "sapo", "is", "is_seq", "vespo", "respo"])
+@pytest.mark.parametrize("name", ["ppo", "gspo", "cispo", "sapo", "vespo", "respo"])
 def test_registry_gradient_coefficients_match_closed_forms(name):
     gen = torch.Generator().manual_seed(3)
-    log_ratio = (torch.randn(16, 12, generator=gen, dtype=torch.float64) * 0.4)
+    log_ratio = torch.randn(16, 12, generator=gen, dtype=torch.float64) * 0.4
     adv = torch.randn(16, generator=gen, dtype=torch.float64)
     mask = (torch.rand(16, 12, generator=gen) < 0.85).long()
     mask[:, 0] = 1
@@ -166,6 +301,21 @@ def test_registry_gradient_coefficients_match_closed_forms(name):
     torch.testing.assert_close(c.double(), expected.double(), rtol=1e-4, atol=1e-6)
 
 
+def test_gamma_kernel_and_vespo_weight_equal_trls():
+    """Our VESPO (used for its diagnostics and the lab) is TRL's get_gamma_weights, sampler ratio included."""
+    from trl import GRPOTrainer
+
+    gen = torch.Generator().manual_seed(4)
+    log_ratio = torch.randn(12, 9, generator=gen) * 0.3
+    mask = (torch.rand(12, 9, generator=gen) < 0.8).float()
+    adv = torch.randn(12, generator=gen)
+    ratio = torch.rand(12, 9, generator=gen) * 2
+    ratio[0, 0] = 0.0  # token_mask zero: TRL floors its log at log(1e-8)
+    trl_phi = GRPOTrainer.get_gamma_weights(adv.unsqueeze(-1), log_ratio, mask, ratio)
+    ours = K.vespo_phi(log_ratio, adv, mask, K.LossParams(), ratio)
+    torch.testing.assert_close(ours, trl_phi)
+
+
 @pytest.mark.parametrize("name", sorted(K.POLICY_LOSSES))
 def test_losses_finite_on_extreme_ratios_empty_masks_and_zero_advantages(name):
     log_ratio = torch.tensor([[1e4, -1e4, 0.0], [-1e4, -1e4, -1e4], [1e4, 1e4, 1e4], [0.5, float("nan"), 0.1]])
@@ -173,17 +323,15 @@ def test_losses_finite_on_extreme_ratios_empty_masks_and_zero_advantages(name):
     for adv in (torch.tensor([1.0, -1.0, 1.0, -2.0]), torch.zeros(4)):
         c = K.gradient_coefficients(name, log_ratio, adv, mask)
         assert torch.isfinite(c).all(), c
-        per_token = K.get_policy_loss(name)(log_ratio.nan_to_num().clamp(-20, 20), adv, mask, K.LossParams())
-        assert torch.isfinite(per_token * mask).all()
     for norm in K.NORM_MODES:
-        s = K.sequence_log_weights(log_ratio, mask, norm=norm)
-        assert torch.isfinite(s).all() and s[2] == 0.0
-        assert torch.isfinite(K.respo_kernel(s, torch.tensor([1.0, -1.0, 0.0, 1.0]))).all()
+        params = K.LossParams(respo_norm=norm, respo_trust_mask=True)
+        coef = K.respo_coefficients(log_ratio, torch.tensor([1.0, -1.0, 0.0, 1.0]), mask, params)
+        assert torch.isfinite(coef).all() and (coef[2] == 0).all()
 
 
 def test_on_policy_coefficients_are_one_for_every_loss():
     mask = torch.ones(4, 5)
-    params = K.LossParams(epsilon_high=5.0)  # CISPO's cap is epsilon_high (ScaleRL recommends 5); PPO is unaffected
+    params = K.LossParams(epsilon_high=5.0, respo_trust_mask=True)  # CISPO's cap is epsilon_high (ScaleRL: 5)
     for name in K.POLICY_LOSSES:
         c = K.gradient_coefficients(name, torch.zeros(4, 5), torch.tensor([1.0, -1.0, 0.5, -0.5]), mask, params)
         torch.testing.assert_close(c, torch.ones(4, 5), msg=name)
@@ -195,6 +343,8 @@ def test_registry_rejects_duplicates_and_unknown_names():
     with pytest.raises(ValueError, match="Unknown policy loss"):
         K.get_policy_loss("nope")
     assert K.registered_loss_for("dapo") == "ppo" and K.registered_loss_for("respo") == "respo"
+    with pytest.raises(ValueError, match="loss_type"):
+        K.registered_loss_for("not_a_loss")
 
 
 def test_kish_ess():
@@ -207,6 +357,6 @@ def test_kernels_module_does_not_import_trl():
     import subprocess
     import sys
 
-    code = "import sys, respo_trl.kernels, respo_trl.diagnostics, respo_trl.buffer; print('trl' in sys.modules)"
+    code = "import sys, respo_trl, respo_trl.kernels, respo_trl.diagnostics, respo_trl.buffer; print('trl' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

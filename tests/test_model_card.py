@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import EvalResult, ModelCard
 
-from respo_trl.model_card import RESULTS_FILE, card_from_output_dir, main, weights_fingerprint
+from respo_trl.hub.card import RESULTS_FILE, card_from_output_dir, main, weights_fingerprint
 
 
 def section(card: str, title: str) -> str:
@@ -49,7 +49,7 @@ def trained(tokenizer, toy_dataset, tmp_path_factory):
     from conftest import CPU_ARGS, crc_reward
 
     from respo_trl import ReSPOConfig, ReSPOTrainer
-    from respo_trl.tiny import tiny_qwen3
+    from respo_trl.demo.tiny import tiny_qwen3
 
     output_dir = tmp_path_factory.mktemp("card") / "tiny-respo"
     args = ReSPOConfig(
@@ -86,10 +86,14 @@ def test_card_written_on_checkpoint_save(trained):
     assert "trained with ReSPO" in card
     # Method, kernel parameters, reuse factor, norm.
     args = trainer.args
-    for name in ("respo_alpha_pos", "respo_lambda_pos", "respo_alpha_neg", "respo_lambda_neg", "respo_rho_min"):
+    for name in ("respo_alpha_pos", "respo_beta_pos", "respo_lambda_pos", "respo_alpha_neg", "respo_beta_neg",
+                 "respo_lambda_neg", "respo_rho_min", "respo_trust_mask"):
         assert f"| `{name}` | {getattr(args, name)} |" in card
     assert "| `respo_norm` | ess |" in card and "| `loss_type` | respo |" in card and "| `respo_reuse` | 2 |" in card
-    assert "used for 2 optimizer passes" in card
+    assert "fed 1 optimizer update per pass (the paper's N) over 2 passes" in card
+    assert "`(alpha, beta, lambda) = (2.0, 0.5, 2.0)` for positive advantages" in card
+    assert "an ablation, not the paper's method" in card  # respo_norm="ess" is said to be one
+    assert "directional token trust mask (not in the paper)" in card  # on by default with R = 2
     # Library versions.
     from importlib.metadata import version
 
@@ -98,7 +102,7 @@ def test_card_written_on_checkpoint_save(trained):
     # Citations: ReSPO (no invented authors) and TRL.
     respo_bib = card.split("Cite ReSPO as:")[1].split("Cite TRL as:")[0]
     assert "2609.35433" in respo_bib and "Gradient Starvation in Off-Policy Learning" in respo_bib
-    assert "author" not in respo_bib
+    assert "Chen and Ban and Hsieh" in respo_bib  # the surnames the paper lists; no invented first names
     assert "vonwerra2020trl" in card
     # No evaluation yet: the card says so and shows no table.
     assert "No evaluation has been recorded" in section(card, "Evaluation") and "avg@" not in section(
@@ -224,7 +228,7 @@ def test_weights_fingerprint_tracks_contents(tmp_path):
 def test_template_is_package_data():
     from importlib.resources import files
 
-    template = files("respo_trl").joinpath("templates/model_card.md").read_text()
+    template = files("respo_trl").joinpath("hub/templates/model_card.md").read_text()
     assert "{{ card_data }}" in template
-    link = Path(__file__).resolve().parents[1] / "model_cards" / "template.md"
-    assert link.read_text() == template  # model_cards/ shows the very template the trainer uses
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert '"hub/templates/*.md"' in pyproject  # shipped in the wheel, so an installed trainer finds it

@@ -123,11 +123,21 @@ class StopAt(__import__("transformers").TrainerCallback):
             control.should_training_stop = True
 
 
-def test_resume_mid_reuse_continues_with_the_same_rollouts(make_trainer, tmp_path):
-    """6 steps straight == 3 steps, checkpoint, resume, 3 steps. R=2 passes of 2 minibatches each (a generation
-    every 4 steps): the resume lands inside a reshuffled pass, then a fresh batch is sampled after it."""
-    setup = dict(num_iterations=2, steps_per_generation=2, gradient_accumulation_steps=1, per_device_train_batch_size=4,
-                 max_steps=6)
+RESUME_SETUPS = {
+    # R=2 passes of 2 mini-batches each (a generation every 4 steps): the resume lands inside a reshuffled pass
+    "epochs": (dict(num_iterations=2, steps_per_generation=2), [3, 0, 1]),
+    # the paper's N=4, each sample once: the resume lands on the last, 3-step-stale mini-batch of a rollout batch
+    "staleness": (dict(respo_updates_per_rollout=4), [3, 0, 1]),
+    # both: N=2 mini-batches per pass, R=2 passes
+    "both": (dict(respo_updates_per_rollout=2, num_iterations=2), [3, 0, 1]),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RESUME_SETUPS))
+def test_resume_mid_batch_continues_with_the_same_rollouts(make_trainer, tmp_path, kind):
+    """6 steps straight == 3 steps, checkpoint, resume, 3 steps, for epochs, staleness N and both."""
+    fields, staleness_after = RESUME_SETUPS[kind]
+    setup = dict(gradient_accumulation_steps=1, per_device_train_batch_size=4, max_steps=6, **fields)
     straight = make_trainer(**setup)
     straight.train()
     expected = params_of(straight.model)
@@ -146,20 +156,78 @@ def test_resume_mid_reuse_continues_with_the_same_rollouts(make_trainer, tmp_pat
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-6, msg=name)
     resumed_logs = [h for h in resumed.state.log_history if "loss" in h][3:]  # the history holds steps 1-3 too
-    assert [h["reuse/staleness_mean"] for h in resumed_logs] == [3, 0, 1]
+    assert [h["reuse/staleness_mean"] for h in resumed_logs] == staleness_after
     for key in ("reuse/generated_tokens", "reuse/generated_tokens_per_step", "loss"):
         assert [h[key] for h in resumed_logs] == pytest.approx([h[key] for h in straight_logs[3:]], rel=1e-5), key
 
 
-def test_resume_without_its_buffer_is_an_error_not_a_resample(make_trainer, tmp_path):
+def test_resume_with_a_partial_buffer_is_an_error_not_a_resample(make_trainer, tmp_path):
     trainer = make_trainer(num_iterations=4, max_steps=2, save_strategy="steps", save_steps=2,
                            output_dir=str(tmp_path / "run"))
     trainer.train()
     checkpoint = tmp_path / "run" / "checkpoint-2"
     os.remove(checkpoint / "rollout_buffer-rank0.safetensors")
     resumed = make_trainer(num_iterations=4, max_steps=4, output_dir=str(tmp_path / "run"))
-    with pytest.raises(FileNotFoundError, match="rollout_buffer-rank0.safetensors"):
+    with pytest.raises(ValueError, match=r"rollout buffer files of rank\(s\) \[0\] are missing"):
         resumed.train(resume_from_checkpoint=str(checkpoint))
+
+
+def test_buffer_saved_by_another_number_of_processes_is_refused(tmp_path):
+    buffer = RolloutBuffer(reuse=2, steps_per_generation=2, num_processes=4)
+    buffer.store(toy_batch(), version=0)
+    buffer.save(str(tmp_path), rank=0)
+    with pytest.raises(ValueError, match="num_processes=4 but this run has num_processes=2"):
+        RolloutBuffer(reuse=2, steps_per_generation=2, num_processes=2).load(str(tmp_path), rank=0)
+    assert not [name for name in os.listdir(tmp_path) if ".tmp" in name]  # written atomically, nothing left over
+
+
+def test_interrupted_save_is_skipped_on_resume_and_refused_by_path(make_trainer, tmp_path, caplog):
+    """A kill during a save leaves a folder without trainer_state.json: `resume_from_checkpoint=True` must take the
+    last complete checkpoint (and say so), and naming the incomplete one must fail with the reason."""
+    import logging
+    import shutil
+
+    setup = dict(num_iterations=2, steps_per_generation=2, gradient_accumulation_steps=1, per_device_train_batch_size=4)
+    run = tmp_path / "run"
+    first = make_trainer(**setup, max_steps=4, save_strategy="steps", save_steps=2, output_dir=str(run))
+    first.train()
+    broken = run / "checkpoint-4"
+    for name in os.listdir(broken):  # what a kill right after the rollout buffer was written leaves behind
+        if not name.startswith("rollout_buffer"):
+            path = broken / name
+            shutil.rmtree(path) if path.is_dir() else os.remove(path)
+    resumed = make_trainer(**setup, max_steps=4, output_dir=str(run))
+    with pytest.raises(ValueError, match="incomplete checkpoint"):
+        resumed.train(resume_from_checkpoint=str(broken))
+    with caplog.at_level(logging.WARNING):
+        resumed.train(resume_from_checkpoint=True)
+    assert any("Skipping" in r.getMessage() and "checkpoint-4" in r.getMessage() for r in caplog.records)
+    assert resumed.state.global_step == 4  # resumed from checkpoint-2 and trained steps 3-4 again
+
+
+@pytest.mark.parametrize("stop_at,boundary", [(2, True), (1, False)])
+def test_resume_from_a_plain_grpo_trainer_checkpoint(make_trainer, tmp_path, caplog, stop_at, boundary):
+    """TRL's own checkpoints hold no rollout buffer: at a generation boundary nothing is lost; mid-cycle the rest of
+    the interrupted batch is replaced by fresh rollouts (TRL's behaviour), with a warning, not an error."""
+    import logging
+
+    from trl import GRPOConfig, GRPOTrainer
+
+    setup = dict(num_iterations=2, steps_per_generation=1, gradient_accumulation_steps=1, per_device_train_batch_size=8)
+    run = tmp_path / "run"
+    plain = make_trainer(config_cls=GRPOConfig, trainer_cls=GRPOTrainer, **setup, max_steps=stop_at,
+                         save_strategy="steps", save_steps=stop_at, output_dir=str(run))
+    plain.train()
+    checkpoint = run / f"checkpoint-{stop_at}"
+    assert not [n for n in os.listdir(checkpoint) if n.startswith("rollout_buffer")]
+    resumed = make_trainer(**setup, max_steps=4, output_dir=str(run))
+    with caplog.at_level(logging.INFO):
+        resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.state.global_step == 4
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert ("nothing is lost" in messages) == boundary and ("replaced by fresh rollouts" in messages) == (not boundary)
+    logs = [h for h in resumed.state.log_history if "loss" in h and h["step"] > stop_at]
+    assert logs[0]["reuse/staleness_mean"] == 0  # the resumed run starts with a fresh batch either way
 
 
 def test_ess_floor_refreshes_drifted_batches(make_trainer):
@@ -171,6 +239,63 @@ def test_ess_floor_refreshes_drifted_batches(make_trainer):
     refreshed_steps = sum(1 for h in logs[1:] if h["reuse/generated_tokens_per_step"] > 0)
     assert refreshed_steps == trainer.rollouts.refreshes
     assert all("reuse/ess_before_pass" in h for h in logs[1:])
+
+
+def test_reuse_passes_are_reshuffled_for_respo_and_replayed_for_trls_losses(make_trainer):
+    """Catches: respo_reshuffle ignored by the trainer (the buffer test alone cannot see it)."""
+    setup = dict(num_iterations=2, steps_per_generation=2, gradient_accumulation_steps=1, per_device_train_batch_size=4,
+                 max_steps=4)
+    served = {}
+    for loss in ("respo", "dapo"):
+        trainer = make_trainer(loss_type=loss, **setup)
+        rows = []
+        original = trainer.rollouts.micro_batch
+
+        def record(pass_index, micro_index, device=None, original=original, rows=rows):
+            batch = original(pass_index, micro_index, device)
+            rows.append(sorted(map(tuple, batch["completion_ids"].tolist())))
+            return batch
+
+        trainer.rollouts.micro_batch = record
+        trainer.train()
+        served[loss] = rows
+    for loss, rows in served.items():  # 4 micro-batches: pass 1 (a, b), pass 2 over the same 8 rollouts
+        assert sorted(rows[0] + rows[1]) == sorted(rows[2] + rows[3]), loss
+    assert served["dapo"][0] == served["dapo"][2] and served["dapo"][1] == served["dapo"][3]  # TRL's order
+    assert served["respo"][0] != served["respo"][2]  # a new composition on the reuse pass
+
+
+def test_staleness_n_uses_each_sample_once(make_trainer):
+    """The paper's N: one rollout batch feeds N updates, each sample once; mini-batch k is k updates stale."""
+    trainer = make_trainer(respo_updates_per_rollout=4, per_device_train_batch_size=4, max_steps=8)
+    assert trainer.args.steps_per_generation == 4 and trainer.num_iterations == 1
+    assert not trainer.args.respo_trust_mask_active  # paper-pure: no sample is used twice
+    seen = []
+    original = trainer.rollouts.micro_batch
+
+    def record(pass_index, micro_index, device=None):
+        batch = original(pass_index, micro_index, device)
+        seen.append((trainer.rollouts.generation_index, pass_index, tuple(map(tuple, batch["completion_ids"].tolist()))))
+        return batch
+
+    trainer.rollouts.micro_batch = record
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert [h["reuse/staleness_max"] for h in logs] == [0, 1, 2, 3] * 2
+    assert [h["reuse/generated_tokens_per_step"] > 0 for h in logs] == [True, False, False, False] * 2
+    assert [h["reuse/pass"] for h in logs] == [1] * 8 and all("reuse/grad_norm_vs_fresh" not in h for h in logs)
+    assert all(p == 0 for _, p, _ in seen) and len({rows for _, _, rows in seen}) == 8  # every sample used once
+    assert logs[1]["offpolicy/log_weight/std"] > 0  # later mini-batches are off-policy
+
+
+def test_one_optimizer_step_spanning_two_passes_logs_the_mean_pass_and_no_ratio(make_trainer):
+    """steps_per_generation < gradient_accumulation_steps: both passes fall in one optimizer step."""
+    trainer = make_trainer(num_iterations=2, steps_per_generation=1, gradient_accumulation_steps=2,
+                           per_device_train_batch_size=8, max_steps=2)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "grad_norm" in h]
+    assert [h["reuse/pass"] for h in logs] == [1.5, 1.5]
+    assert all("reuse/grad_norm_vs_fresh" not in h for h in logs)
 
 
 def test_reuse_passes_log_grad_norm_against_the_fresh_pass(make_trainer):

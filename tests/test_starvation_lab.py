@@ -16,7 +16,7 @@ LAB_PATH = pathlib.Path(__file__).resolve().parents[1] / "recipes" / "starvation
 
 @pytest.fixture(scope="module")
 def lab(load_script):
-    return load_script("recipes/starvation_lab.py")
+    return load_script("benchmarks/starvation_lab.py")
 
 
 @pytest.fixture(scope="module")

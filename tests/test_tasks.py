@@ -1,4 +1,4 @@
-"""The built-in arithmetic task (respo_trl.tasks), the warm-start helpers and the recipes' rewards (respo_trl.rewards).
+"""The built-in arithmetic task (respo_trl.demo.tasks), the warm-start helpers and the recipes' rewards (respo_trl.demo.rewards).
 
 The task is what the embedded default of recipes/qwen3_respo.py learns; these tests pin its correctness (answers,
 disjoint splits, the imperfect teacher) so that the demo's numbers mean what docs/recipes.md says they mean.
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from respo_trl.tasks import ArithmeticTask
+from respo_trl.demo.tasks import ArithmeticTask
 
 
 def brute_force_answer(expression):
@@ -102,8 +102,8 @@ def test_tiny_tokenizer_keeps_boxed_as_one_token_and_completions_fit_the_preset(
 
 
 def test_supervised_warm_start_learns_and_is_seeded(tokenizer):
-    from respo_trl.tiny import tiny_qwen3
-    from respo_trl.warmstart import generate, grade, supervised_warm_start
+    from respo_trl.demo.tiny import tiny_qwen3
+    from respo_trl.demo.warmstart import generate, grade, supervised_warm_start
 
     task = ArithmeticTask(min_terms=2, max_terms=2, max_operand=3, scratchpad=False)
     rows = task.rows("train", 12, seed=0)
@@ -127,7 +127,7 @@ def test_supervised_warm_start_learns_and_is_seeded(tokenizer):
 
 
 def test_boxed_format_reward():
-    from respo_trl.rewards import boxed_format_reward
+    from respo_trl.demo.rewards import boxed_format_reward
 
     texts = [
         "1+2=3 \\boxed{3}",
@@ -142,17 +142,17 @@ def test_boxed_format_reward():
 
 
 def test_reward_names_resolve_or_fail_clearly():
-    from respo_trl.rewards import boxed_format_reward, resolve_reward
+    from respo_trl.demo.rewards import boxed_format_reward, resolve_reward
 
     assert resolve_reward("format") is boxed_format_reward
     assert resolve_reward("accuracy").__name__ == "accuracy_reward"
-    assert resolve_reward("respo_trl.rewards.boxed_format_reward") is boxed_format_reward
+    assert resolve_reward("respo_trl.demo.rewards.boxed_format_reward") is boxed_format_reward
     with pytest.raises(ValueError, match="unknown reward function 'acuracy'.*accuracy"):
         resolve_reward("acuracy")
     with pytest.raises(ValueError, match="cannot import module"):
         resolve_reward("no_such_module.reward")
     with pytest.raises(ValueError, match="no callable"):
-        resolve_reward("respo_trl.rewards.nothing_here")
+        resolve_reward("respo_trl.demo.rewards.nothing_here")
 
 
 def failing_reward(completions, **kwargs):
@@ -160,7 +160,7 @@ def failing_reward(completions, **kwargs):
 
 
 def test_probe_names_a_raising_reward_and_a_wrong_answer_column():
-    from respo_trl.rewards import boxed_format_reward, probe_rewards, resolve_reward
+    from respo_trl.demo.rewards import boxed_format_reward, probe_rewards, resolve_reward
 
     accuracy = resolve_reward("accuracy")
     rows = {"prompt": [[{"role": "user", "content": "1+1"}]] * 4, "solution": ["2"] * 4, "source": ["a"] * 4}
@@ -173,10 +173,10 @@ def test_probe_names_a_raising_reward_and_a_wrong_answer_column():
 
 
 def test_heldout_split_exports_as_an_eval_math_file_matching_the_recipe(tmp_path):
-    """`python -m respo_trl.tasks` writes the tiny preset's held-out problems, answers graded like training."""
+    """`python -m respo_trl.demo.tasks` writes the tiny preset's held-out problems, answers graded like training."""
     import json
 
-    from respo_trl.tasks import main
+    from respo_trl.demo.tasks import main
 
     out = tmp_path / "arith_test.jsonl"
     main(["--out", str(out), "--n", "40"])

@@ -15,7 +15,7 @@ from datasets import Dataset  # noqa: E402
 
 from conftest import CPU_ARGS, crc_reward  # noqa: E402
 from respo_trl import ReSPOConfig, ReSPOTrainer  # noqa: E402
-from respo_trl.tiny import build_char_tokenizer, tiny_qwen3  # noqa: E402
+from respo_trl.demo.tiny import build_char_tokenizer, tiny_qwen3  # noqa: E402
 
 out = sys.argv[1]
 tokenizer = build_char_tokenizer()

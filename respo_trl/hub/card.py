@@ -4,7 +4,7 @@ Why a card of our own instead of TRL's default: a ReSPO checkpoint is only repro
 kernel parameters (``respo_alpha_pos`` ... ``respo_norm``), the policy loss, the rollout-reuse factor, the library
 versions, and its benchmark table; TRL's card records none of them. ``ReSPOTrainer.create_model_card`` (called by
 TRL on every checkpoint save and by ``push_to_hub``) delegates to :func:`write_trainer_card`; the template is package
-data (``respo_trl/templates/model_card.md``) so installed trainers find it.
+data (``respo_trl/hub/templates/model_card.md``) so installed trainers find it.
 
 Only measured numbers reach a card:
 
@@ -14,7 +14,7 @@ Only measured numbers reach a card:
 
 Regenerate a card from any output_dir, e.g. after running ``eval_math.py`` on it::
 
-    python -m respo_trl.model_card outputs/my-run --dataset_name openai/gsm8k
+    python -m respo_trl.hub.card outputs/my-run --dataset_name openai/gsm8k
 """
 
 from __future__ import annotations
@@ -26,28 +26,44 @@ import math
 import os
 import re
 import shutil
+import textwrap
 from importlib.metadata import PackageNotFoundError, version
 from importlib.resources import files
 from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-TEMPLATE = "templates/model_card.md"
+from ..kernels import RESPO_DEFAULTS
+
+TEMPLATE = "hub/templates/model_card.md"  # package data of respo_trl
 RESULTS_FILE = "eval_math.json"  # recipes/eval_math.py
 CURVES_FILE = "training_curves.png"
 CARD_TAGS = ("respo", "trl", "rlvr", "reinforcement-learning")
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 NOT_WEIGHTS = ("training_args.bin", "optimizer.bin", "scheduler.bin", "rng_state.bin")
+TRAINER_TAGS = ("trl", "grpo", "respo", "rlvr", "reinforcement-learning")  # ReSPOTrainer's Hub tags
+RESPO_CITATION = textwrap.dedent("""\
+    @article{respo2026,
+        title        = {{ReSPO: Reshaped Sequence Policy Optimization for Gradient Starvation in Off-Policy Learning}},
+        author       = {Chen and Ban and Hsieh},
+        year         = 2026,
+        eprint       = {arXiv:2609.35433},
+    }""")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # Config fields a reader needs to reproduce or compare the run: (field, shown only when this loss is used).
 HYPERPARAMETERS = (
     ("loss_type", None),
     ("respo_alpha_pos", "respo"),
+    ("respo_beta_pos", "respo"),
     ("respo_lambda_pos", "respo"),
     ("respo_alpha_neg", "respo"),
+    ("respo_beta_neg", "respo"),
     ("respo_lambda_neg", "respo"),
     ("respo_norm", "respo"),
     ("respo_rho_min", "respo"),
+    ("respo_trust_mask", "respo"),
+    ("steps_per_generation", None),
+    ("respo_updates_per_rollout", None),
     ("respo_reuse", None),
     ("respo_reshuffle", None),
     ("respo_min_ess", None),
@@ -207,7 +223,7 @@ def recipe_summary(output_dir: Path) -> list[tuple[str, str]]:
 
 
 def library_versions() -> list[tuple[str, str]]:
-    from . import __version__
+    from .. import __version__
 
     found = [("respo_trl", __version__)]
     for name in (
@@ -228,6 +244,21 @@ def library_versions() -> list[tuple[str, str]]:
         except PackageNotFoundError:
             pass
     return found
+
+
+def config_fields(config) -> dict:
+    """A training config as the card reads it: its fields, the world size and the resolved trust-mask switch."""
+    return {
+        **config.to_dict(),
+        "world_size": config.world_size,
+        "respo_trust_mask_active": getattr(config, "respo_trust_mask_active", False),
+    }
+
+
+def updates_per_rollout(args: dict):
+    """The paper's N: optimizer updates per pass over one rollout batch (a fraction when several batches make one)."""
+    steps, accumulation = args.get("steps_per_generation") or 1, args.get("gradient_accumulation_steps") or 1
+    return steps // accumulation if steps % accumulation == 0 else round(steps / accumulation, 3)
 
 
 def hyperparameters(args: dict) -> list[tuple[str, str]]:
@@ -288,7 +319,7 @@ def render_card(
     tags=(),
 ) -> ModelCard:
     """Render the card for the checkpoint in ``output_dir`` (writes the curve plot there; the card is returned)."""
-    from .grading import results_table
+    from ..grading import results_table
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -321,7 +352,7 @@ def render_card(
         )
     missing = eval_problem or (
         "No evaluation has been recorded for these weights yet. Run `python recipes/eval_math.py --model "
-        f"{output_dir}` and regenerate this card with `python -m respo_trl.model_card {output_dir}`."
+        f"{output_dir}` and regenerate this card with `python -m respo_trl.hub.card {output_dir}`."
     )
     return ModelCard.from_template(
         card_data,
@@ -335,10 +366,15 @@ def render_card(
         loss_type=loss,
         respo_norm=args.get("respo_norm"),
         alpha_pos=args.get("respo_alpha_pos"),
+        beta_pos=args.get("respo_beta_pos"),
         lambda_pos=args.get("respo_lambda_pos"),
         alpha_neg=args.get("respo_alpha_neg"),
+        beta_neg=args.get("respo_beta_neg"),
         lambda_neg=args.get("respo_lambda_neg"),
+        paper_constants=all(args.get("respo_" + k.replace("lam_", "lambda_")) == v for k, v in RESPO_DEFAULTS.items()),
+        trust_mask=bool(args.get("respo_trust_mask_active")),
         reuse=args.get("respo_reuse", args.get("num_iterations", 1)),
+        updates_per_rollout=updates_per_rollout(args),
         hyperparameters=hyperparameters(args),
         training_summary=recipe_summary(output_dir) + training_summary(log_history),
         curve_image=CURVES_FILE if curve else None,
@@ -373,7 +409,7 @@ def write_trainer_card(trainer, model_name=None, dataset_name=None, tags=None) -
     card = render_card(
         output_dir=args.output_dir,
         model_name=model_name,
-        args={**args.to_dict(), "world_size": args.world_size},
+        args=config_fields(args),
         log_history=trainer.state.log_history,
         citation=trainer._paper["citation"],
         base_model=base_model_of(trainer.model),
@@ -394,8 +430,6 @@ def card_from_output_dir(
     are kept from the existing ``README.md``."""
     import torch
 
-    from .trainer import RESPO_CITATION, ReSPOTrainer
-
     output_dir = Path(output_dir)
     args_path = output_dir / "training_args.bin"
     if not args_path.is_file():
@@ -413,13 +447,13 @@ def card_from_output_dir(
     return render_card(
         output_dir=output_dir,
         model_name=model_name or old.model_name or output_dir.absolute().name,
-        args={**args.to_dict(), "world_size": args.world_size},
+        args=config_fields(args),
         log_history=log_history,
         citation=RESPO_CITATION,
         base_model=base_model or old.base_model,
         dataset_name=dataset_name or (old_datasets[0] if old_datasets else None),
         hub_model_id=hub_model_id or args.hub_model_id,
-        tags=[t for t in (old.tags or []) if t != "generated_from_trainer"] or ReSPOTrainer._tag_names,
+        tags=[t for t in (old.tags or []) if t != "generated_from_trainer"] or list(TRAINER_TAGS),
     )
 
 

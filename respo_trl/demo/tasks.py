@@ -177,7 +177,7 @@ class ArithmeticTask:
 
 
 def main(argv=None) -> None:
-    """``python -m respo_trl.tasks --out arith_test.jsonl``: the tiny preset's held-out split as an eval_math file."""
+    """``python -m respo_trl.demo.tasks --out arith_test.jsonl``: the tiny preset's held-out split as an eval_math file."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import zlib
 from collections.abc import Callable, Sequence
 
 # Text after the last closing think tag is the visible answer of a reasoning model (Qwen3 thinking mode).
@@ -32,6 +33,12 @@ def _boxed_contents(text: str) -> list[str | None]:
         out.append(text[index + len(_BOXED) : position - 1] if depth == 0 else None)
         start = position
     return out
+
+
+def crc_reward(completions: list[list[dict[str, str]]], **kwargs) -> list[float]:
+    """Deterministic pseudo-reward in {0, 1} from the completion text: non-zero advantages for tests and benchmarks
+    that exercise the trainer without a task (it rewards nothing learnable)."""
+    return [float(zlib.crc32(c[0]["content"].encode()) % 2) for c in completions]
 
 
 def boxed_format_reward(completions: list[list[dict[str, str]]], **kwargs) -> list[float]:

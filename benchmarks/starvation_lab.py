@@ -50,10 +50,10 @@ shows the mechanism and how each kernel reacts to it; the LLM evidence is the re
 
 How to run
 ----------
-    PYTHONPATH=. python recipes/starvation_lab.py --out docs/benchmarks/starvation_lab       # ~1 min on 2 cores
-    PYTHONPATH=. python recipes/starvation_lab.py --quick --out /tmp/lab                      # seconds (smoke size)
-    PYTHONPATH=. python recipes/starvation_lab.py --kernels ppo_clip respo --params respo_norm=mean --out /tmp/abl
-    PYTHONPATH=. python recipes/starvation_lab.py --lr 0.3 --reuse 4 --out /tmp/lr03          # one custom regime
+    PYTHONPATH=. python benchmarks/starvation_lab.py --out docs/benchmarks/starvation_lab       # ~1 min on 2 cores
+    PYTHONPATH=. python benchmarks/starvation_lab.py --quick --out /tmp/lab                      # seconds (smoke size)
+    PYTHONPATH=. python benchmarks/starvation_lab.py --kernels ppo_clip respo --params respo_norm=mean --out /tmp/abl
+    PYTHONPATH=. python benchmarks/starvation_lab.py --lr 0.3 --reuse 4 --out /tmp/lr03          # one custom regime
 
 ``--out DIR`` writes ``DIR/starvation_lab.json`` (config; per regime, kernel and R: final reward, early
 ``grad_throughput_pos``/``grad_throughput_neg``/``starved_frac_pos`` as mean, std and per-seed values; reward curves;
@@ -75,9 +75,23 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmarks.machine import machine_info
 from respo_trl.diagnostics import sequence_stats, summarize
-from respo_trl.kernels import LossParams, get_policy_loss, gradient_coefficients
-from respo_trl.machine import machine_info
+from respo_trl.kernels import LOG_W_CLAMP, LossParams, get_policy_loss, gradient_coefficients, register_policy_loss
+
+
+# Two reference losses only the lab compares (not TRL loss types, so not in the library's registry by default).
+@register_policy_loss("is")
+def token_is_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, gather=None):
+    """Plain token-level importance sampling, ``-r_it A_i``: PPO with the clip removed."""
+    return -torch.exp(log_ratio) * advantages.reshape(-1, 1)
+
+
+@register_policy_loss("is_seq")
+def sequence_is_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, gather=None):
+    """Exact sequence importance sampling: coefficient ``W_i = exp(l_i)`` (unbiased, unbounded variance)."""
+    l = (torch.where(mask.bool(), log_ratio.detach(), 0.0)).sum(-1, keepdim=True)
+    return -torch.exp(l.clamp(max=LOG_W_CLAMP)) * advantages.reshape(-1, 1) * log_ratio
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The kernels compared: label -> (registry name, LossParams overrides). Each method at its recommended parameters
