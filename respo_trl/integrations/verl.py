@@ -45,20 +45,22 @@ Metrics
     averages* (linear, so verl's averaging gives the batch value for equal-size micro-batches), and the by-sign and
     diagnostic ratios are ratios of them:
 
-    * ``respo/frac/{pos,neg}``: share of responses with ``A >= 0`` / ``A < 0``;
+    * ``respo/frac/{pos,neg}``: share of responses with ``A > 0`` / ``A < 0``;
     * ``respo/phi_mass/{pos,neg}``: average of ``phi_i 1[sign]``; ``phi`` by sign is ``phi_mass/pos / frac/pos``;
-    * ``respo/pos_low/frac`` and ``respo/pos_low/phi_mass``: the same for positives with ``log W < -1``. The paper's
-      positive-branch diagnostic is: share ``= pos_low/frac / frac/pos``, mass share
-      ``= pos_low/phi_mass / phi_mass/pos``, ratio = mass share / share;
+    * ``respo/low_weight_pos/frac`` and ``respo/low_weight_pos/phi_mass``: the same for positives with
+      ``log W < -1``. The paper's positive-branch diagnostic is: share ``= low_weight_pos/frac / frac/pos``, mass
+      share ``= low_weight_pos/phi_mass / phi_mass/pos``, ratio = mass share / share;
     * ``respo/phi_mean``, ``respo/log_w_mean``, and verl's ``actor/ppo_kl``;
-    * ``respo/pos_low_weight_{share,mass_share,mass_ratio}``: the diagnostic computed within each micro-batch by
-      :func:`respo_trl.diagnostics.positive_low_weight_stats` (0 where a micro-batch has no positives), a quick look
-      that is exact only when a micro-batch holds the whole batch.
+    * ``respo/low_weight_pos/{share,mass_share,mass_ratio}``: the diagnostic computed within each micro-batch by
+      :func:`respo_trl.diagnostics.positive_low_weight_stats` (the TRL trainer logs the same function's output as
+      ``starvation/low_weight_pos/*``); 0 where a micro-batch has no positives, so it is exact only when a
+      micro-batch holds the whole batch.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
@@ -80,25 +82,21 @@ except ImportError as exc:  # verl missing, or a verl whose layout differs from 
     _logger.warning("respo_trl could not register loss_mode='respo' with verl: %s", exc)
     raise ImportError(f"{INSTALL_HINT} (import failed: {exc})") from exc
 
-# One kernel, two front ends: the math lives in respo_trl.kernels / respo_trl.diagnostics.
-try:
-    from respo_trl.diagnostics import positive_low_weight_stats
-    from respo_trl.kernels import RESPO_DEFAULTS, respo_kernel, sequence_log_weight, validate_respo_constants
-except ImportError:  # TEMPORARY: until main's version-2 kernel is merged (see _pending_kernel.py)
-    from respo_trl.integrations._pending_kernel import (  # noqa: F401
-        RESPO_DEFAULTS,
-        positive_low_weight_stats,
-        respo_kernel,
-        sequence_log_weight,
-        validate_respo_constants,
-    )
+# One kernel, two front ends: the math lives in respo_trl.kernels / respo_trl.diagnostics (pure torch, no TRL).
+from respo_trl.diagnostics import LOW_WEIGHT_LOG_W, positive_low_weight_stats  # noqa: E402
+from respo_trl.kernels import (  # noqa: E402
+    RESPO_DEFAULTS,
+    fold_sampler_ratio,
+    respo_kernel,
+    sequence_log_weight,
+    validate_respo_constants,
+)
 
 __all__ = ["ReSPOPolicyLossConfig", "compute_policy_loss_respo", "respo_constants", "CONFIG_PREFIX"]
 
 CONFIG_PREFIX = "actor_rollout_ref.actor.policy_loss"
 ROLLOUT_IS_LEVELS = ("auto", "token", "sequence")
 _KEYS = {f"respo_{name}": name for name in RESPO_DEFAULTS}  # verl config key -> kernel keyword
-LOW_LOG_WEIGHT = -1.0  # the paper's positive-branch diagnostic: positives with log W < -1
 
 
 def _check(values: dict[str, Any], rollout_is: Any) -> None:
@@ -164,29 +162,30 @@ def _get(obj: Any, key: str, default: Any = None) -> Any:
     return getattr(obj, key, default)
 
 
-def sampler_log_ratio(rollout_is_weights: torch.Tensor, keep: torch.Tensor, level: str) -> torch.Tensor:
-    """Per-token ``log r_it`` whose masked sum over a response is the log of its sampler correction, counted once.
+def sampler_log_ratio(log_c: torch.Tensor, keep: torch.Tensor, level: str) -> torch.Tensor:
+    """``log c`` of verl's ``rollout_is_weights`` laid out so :func:`respo_trl.kernels.sequence_log_weight` adds it
+    the right number of times.
 
-    ``token``: ``log r_it`` on every kept token. ``sequence``: the response's single weight ``r_i`` arrives broadcast
-    to its ``L_i`` tokens, so each kept token carries ``log r_i / L_i`` (the sum is ``log r_i``, not ``L_i log r_i``).
-    ``auto``: a row is sequence-level when all its kept weights are equal (verl broadcasts one value), else token.
-    Rejected tokens (``keep`` false) carry 0.
+    ``log_c`` (B, L) comes from :func:`respo_trl.kernels.fold_sampler_ratio` (0 on dropped tokens). ``token``: returned
+    as is, summed over the kept tokens. ``sequence``: verl broadcast one weight ``c_i`` to the response's tokens, so
+    the row's single value is returned as (B, 1), which is added once (summing the ``L_i`` copies would count it
+    ``L_i`` times). ``auto``: rows whose kept tokens all carry the same value are read as sequence-level, the others
+    as token-level (for rows with 0 or 1 kept token both readings agree).
     """
-    log_r = torch.where(keep, torch.log(rollout_is_weights.clamp_min(torch.finfo(rollout_is_weights.dtype).tiny)),
-                        torch.zeros_like(rollout_is_weights))
-    log_r = log_r.to(torch.promote_types(log_r.dtype, torch.float32))
-    if level == "token":
-        return log_r
-    n_kept = keep.sum(-1, keepdim=True).clamp_min(1).to(log_r.dtype)
-    per_seq = log_r.sum(-1, keepdim=True) / n_kept  # the broadcast value log r_i (mean of equal copies)
-    spread = torch.where(keep, per_seq / n_kept, torch.zeros_like(log_r))
+    n_kept = keep.sum(-1, keepdim=True)
+    per_seq = torch.where(keep, log_c, 0.0).sum(-1, keepdim=True) / n_kept.clamp_min(1)  # mean of equal copies
     if level == "sequence":
-        return spread
-    big = torch.finfo(log_r.dtype).max
-    row_max = torch.where(keep, log_r, torch.full_like(log_r, -big)).amax(-1, keepdim=True)
-    row_min = torch.where(keep, log_r, torch.full_like(log_r, big)).amin(-1, keepdim=True)
-    broadcast = row_max == row_min  # also true for rows with 0 or 1 kept token, where both readings agree
-    return torch.where(broadcast, spread, log_r)
+        return per_seq
+    if level == "token":
+        return log_c
+    inf = torch.full_like(log_c, math.inf)
+    row_max = torch.where(keep, log_c, -inf).amax(-1, keepdim=True)
+    row_min = torch.where(keep, log_c, inf).amin(-1, keepdim=True)
+    broadcast = (row_max == row_min) | (n_kept <= 1)
+    # one tensor for the batch: sequence rows carry their value on the first kept token only, so the masked sum in
+    # sequence_log_weight adds it exactly once
+    first = keep & (keep.cumsum(-1) == 1)
+    return torch.where(broadcast, torch.where(first, per_seq, 0.0), log_c)
 
 
 @register_policy_loss("respo")
@@ -208,18 +207,18 @@ def compute_policy_loss_respo(
     """
     constants, level = respo_constants(config)
     mask = response_mask.bool()
-    keep = mask if rollout_is_weights is None else mask & (rollout_is_weights > 0)
+    # A sampler weight of exactly 0 is verl's rejection (IcePop): that token (or, sequence-level, response) is dropped.
+    log_c, keep = fold_sampler_ratio(rollout_is_weights, mask)
 
-    math_dtype = torch.promote_types(log_prob.dtype, torch.float32)  # bf16 in, fp32 math; fp64 stays fp64
-    log_ratio = (log_prob - old_log_prob).detach().to(math_dtype)
-    log_sampler = None if rollout_is_weights is None else sampler_log_ratio(rollout_is_weights.detach(), keep, level)
+    log_ratio = (log_prob - old_log_prob).detach()
+    log_sampler = None if log_c is None else sampler_log_ratio(log_c, keep, level)
     log_w = sequence_log_weight(log_ratio, keep, log_sampler)  # (B,), clamped to [-20, 20]
 
     m = mask.to(advantages.dtype)
     seq_advantage = (advantages * m).sum(-1) / m.sum(-1).clamp_min(1.0)  # A_i (GRPO: constant over the response)
-    phi = respo_kernel(log_w, seq_advantage.to(log_w.dtype), **constants)  # (B,), detached
+    phi = respo_kernel(log_w, seq_advantage.to(log_w.dtype), **constants).to(log_prob.dtype)  # (B,), detached
 
-    loss_mat = -phi.to(log_prob.dtype).unsqueeze(-1) * advantages * log_prob * keep.to(log_prob.dtype)
+    loss_mat = -phi.unsqueeze(-1) * advantages * log_prob * keep.to(log_prob.dtype)
     batch_info = dict(_get(config, "global_batch_info", None) or {}) if config is not None else {}
     loss = agg_loss(loss_mat=loss_mat, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
 
@@ -230,25 +229,26 @@ def _metrics(log_w, phi, seq_advantage, keep, mask, log_ratio) -> dict[str, floa
     """Per-micro-batch metrics; see the module docstring for how verl aggregates them and how to read them."""
     valid = keep.any(-1)
     n = max(int(valid.sum()), 1)
-    pos, neg = valid & (seq_advantage >= 0), valid & (seq_advantage < 0)
-    low = pos & (log_w < LOW_LOG_WEIGHT)
+    pos, neg = valid & (seq_advantage > 0), valid & (seq_advantage < 0)  # A = 0 responses carry no gradient
+    low = pos & (log_w < LOW_WEIGHT_LOG_W)
+    phi = phi.double()
+
     def per_response(x):  # average over the micro-batch's valid responses: linear, so verl's averaging keeps it exact
-        return float(x.float().sum()) / n
+        return float(x.double().sum()) / n
 
     metrics = {
         "respo/phi_mean": per_response(phi * valid),
-        "respo/log_w_mean": per_response(log_w.float() * valid),
+        "respo/log_w_mean": per_response(log_w.double() * valid),
         "respo/frac/pos": per_response(pos),
         "respo/frac/neg": per_response(neg),
         "respo/phi_mass/pos": per_response(phi * pos),
         "respo/phi_mass/neg": per_response(phi * neg),
-        "respo/pos_low/frac": per_response(low),
-        "respo/pos_low/phi_mass": per_response(phi * low),
+        "respo/low_weight_pos/frac": per_response(low),
+        "respo/low_weight_pos/phi_mass": per_response(phi * low),
         "actor/ppo_kl": float(masked_mean(-log_ratio, mask)) if bool(mask.any()) else 0.0,
     }
-    # The paper's diagnostic as ratios within this micro-batch (respo_trl.diagnostics); 0 where undefined (no
-    # positives). The batch-level values are ratios of the linear metrics above.
+    # The paper's diagnostic as ratios within this micro-batch (the library's function, as the TRL trainer logs it);
+    # 0 where undefined (no positives). The batch-level values are ratios of the linear metrics above.
     for key, value in positive_low_weight_stats(log_w, phi, seq_advantage, valid).items():
-        value = float(value)
-        metrics[f"respo/pos_{key}"] = value if value == value else 0.0
+        metrics[f"respo/low_weight_pos/{key}"] = value if value == value else 0.0
     return metrics

@@ -38,5 +38,5 @@ def test_metrics_survive_verl_micro_batch_averaging(update):
     assert metrics["respo/frac/pos"] == pytest.approx(0.5)
     assert metrics["respo/phi_mass/pos"] == pytest.approx((phi[0] + phi[1]) / 4, rel=1e-5)
     assert metrics["respo/phi_mass/neg"] == pytest.approx((phi[2] + phi[3]) / 4, rel=1e-5)
-    assert metrics["respo/pos_low/frac"] == pytest.approx(0.25)  # response 0: log W = -3 + log 1.35 < -1
-    assert metrics["respo/pos_low/phi_mass"] == pytest.approx(phi[0] / 4, rel=1e-5)
+    assert metrics["respo/low_weight_pos/frac"] == pytest.approx(0.25)  # response 0: log W = -3 + log 1.35 < -1
+    assert metrics["respo/low_weight_pos/phi_mass"] == pytest.approx(phi[0] / 4, rel=1e-5)

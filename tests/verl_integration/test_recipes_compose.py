@@ -39,7 +39,7 @@ def test_launcher_overrides_compose_against_verls_config(compose_verl, script, e
         config = compose(config_name=config_name, overrides=overrides)
     assert config.data.train_batch_size == 16 * 32 and config.trainer.total_training_steps == 64
     assert config.actor_rollout_ref.actor.policy_loss.loss_mode == "respo"
-    OmegaConf.resolve(config)  # what main_ppo does; the respo_rollout_is interpolation resolves to null (no correction)
+    OmegaConf.resolve(config)  # as main_ppo does; respo_rollout_is resolves to null (no sampler correction)
     assert config.actor_rollout_ref.actor.policy_loss.respo_rollout_is is None
 
     if expected_config == "ppo_trainer":  # the Megatron actor config needs Megatron installed to be built

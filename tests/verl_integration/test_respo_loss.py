@@ -19,6 +19,10 @@ import respo_trl.integrations.verl as respo_verl  # noqa: E402
 from respo_trl.integrations.verl import respo_kernel, sequence_log_weight  # noqa: E402  (the library's kernel)
 
 torch.set_default_dtype(torch.float64)
+# respo_trl.kernels sums log W in float32 (as the TRL trainer does) and evaluates phi in float64: agreement with the
+# float64 closed forms is to float32 round-off of log W.
+REL = 1e-6
+CLOSE = dict(rtol=1e-6, atol=1e-9)
 
 
 def phi_pos(w):  # the paper's positive branch, (alpha, beta, lam) = (2, 0.5, 2)
@@ -74,16 +78,17 @@ def test_token_mean_loss_and_gradient_equal_closed_forms_and_library_kernel(batc
 
     phi = closed_form_phi(batch["log_w"], batch["adv_seq"])
     expected = -(phi[:, None] * A * lp * m).sum() / m.sum()  # TRL `dapo` aggregation: token sum / token count
-    assert loss.item() == pytest.approx(expected.item(), rel=1e-10)
-    torch.testing.assert_close(grad_of(loss, batch), grad_of(expected, batch))
+    assert loss.item() == pytest.approx(expected.item(), rel=REL)
+    torch.testing.assert_close(grad_of(loss, batch), grad_of(expected, batch), **CLOSE)
 
     # The same numbers through respo_trl.kernels, the TRL trainer's path.
     log_w = sequence_log_weight((lp - batch["old_log_prob"]).detach(), m)
-    torch.testing.assert_close(log_w, batch["log_w"])
+    torch.testing.assert_close(log_w, batch["log_w"], check_dtype=False, **CLOSE)  # float32 sum, as in TRL
     phi_lib = respo_kernel(log_w, batch["adv_seq"])
-    torch.testing.assert_close(phi_lib, phi)
+    torch.testing.assert_close(phi_lib, phi, check_dtype=False, **CLOSE)
     # phi is a stop-gradient coefficient: d loss / d logp_it = -phi_i A_i m_it / N exactly.
-    torch.testing.assert_close(grad_of(respo_loss(batch, config=config)[0], batch), -(phi[:, None] * A * m) / m.sum())
+    torch.testing.assert_close(grad_of(respo_loss(batch, config=config)[0], batch), -(phi[:, None] * A * m) / m.sum(),
+                               **CLOSE)
 
 
 def test_config_none_uses_paper_defaults_and_local_token_count(batch):
@@ -91,7 +96,7 @@ def test_config_none_uses_paper_defaults_and_local_token_count(batch):
     m = batch["mask"]
     phi = closed_form_phi(batch["log_w"], batch["adv_seq"])
     assert loss.item() == pytest.approx((-(phi[:, None] * batch["advantages"] * batch["log_prob"] * m).sum()
-                                         / m.sum()).item(), rel=1e-10)
+                                         / m.sum()).item(), rel=REL)
 
 
 def test_seq_mean_token_mean(batch, actor_config):
@@ -112,7 +117,7 @@ def test_micro_batches_with_global_batch_info_sum_to_the_full_batch(batch, actor
     config = actor_config()
     config.global_batch_info.update(dp_size=1, batch_num_tokens=int(batch["mask"].sum()),
                                     global_batch_size=len(batch["mask"]), loss_scale_factor=None)
-    rel = 1e-7 if mode.startswith("seq") else 1e-10
+    rel = 1e-7 if mode.startswith("seq") else REL
     total, grads = 0.0, []
     for rows in (slice(0, 2), slice(2, 6)):
         part = {k: (v[rows] if torch.is_tensor(v) else v) for k, v in batch.items()}
@@ -121,7 +126,7 @@ def test_micro_batches_with_global_batch_info_sum_to_the_full_batch(batch, actor
         total += loss.item()
         grads.append(grad_of(loss, part))
     assert total == pytest.approx(full.item(), rel=rel)
-    torch.testing.assert_close(torch.cat(grads), full_grad)
+    torch.testing.assert_close(torch.cat(grads), full_grad, **CLOSE)
 
     # dp_size scales the per-rank loss exactly as verl's other losses do (gradients are averaged across ranks).
     config.global_batch_info["dp_size"] = 2
@@ -150,8 +155,8 @@ def test_token_level_sampler_weights_fold_into_log_w_and_do_not_scale_the_loss(b
     log_w = batch["log_w"] + (torch.log(weights.clamp_min(1e-300)) * m).sum(-1)  # sum_t m_it log r_it
     phi = closed_form_phi(log_w, batch["adv_seq"])
     expected = -(phi[:, None] * batch["advantages"] * batch["log_prob"] * m).sum() / m.sum()  # no extra r factor
-    assert loss.item() == pytest.approx(expected.item(), rel=1e-10)
-    torch.testing.assert_close(grad_of(loss, batch), grad_of(expected, batch))
+    assert loss.item() == pytest.approx(expected.item(), rel=REL)
+    torch.testing.assert_close(grad_of(loss, batch), grad_of(expected, batch), **CLOSE)
     # The weights really mattered here (truncation at 2 included).
     assert not math.isclose(loss.item(), respo_loss(batch, config=config)[0].item(), rel_tol=1e-3)
 
@@ -167,8 +172,8 @@ def test_sequence_level_sampler_weight_is_counted_once(batch, actor_config, resp
     log_w = batch["log_w"] + torch.log(r_seq)  # once
     phi = closed_form_phi(log_w, batch["adv_seq"])
     expected = -(phi[:, None] * batch["advantages"] * batch["log_prob"] * m).sum() / m.sum()
-    assert loss.item() == pytest.approx(expected.item(), rel=1e-10)
-    torch.testing.assert_close(grad_of(loss, batch), grad_of(expected, batch))
+    assert loss.item() == pytest.approx(expected.item(), rel=REL)
+    torch.testing.assert_close(grad_of(loss, batch), grad_of(expected, batch), **CLOSE)
 
     # Summing the broadcast copies (L_i log r_i, as a per-token sum does) is a different, wrong loss.
     log_w_l_times = batch["log_w"] + m.sum(-1) * torch.log(r_seq)
@@ -191,7 +196,7 @@ def test_icepop_rejected_response_gets_no_gradient(batch, actor_config):
     log_w = batch["log_w"] + torch.log(torch.exp(raw.sum(-1)).clamp_min(1e-300))
     phi = closed_form_phi(log_w, batch["adv_seq"]) * kept
     expected = -(phi[:, None] * batch["advantages"] * batch["log_prob"] * m).sum() / m.sum()  # verl's denominator
-    assert loss.item() == pytest.approx(expected.item(), rel=1e-10)
+    assert loss.item() == pytest.approx(expected.item(), rel=REL)
 
 
 def test_constants_from_verl_config_reach_the_kernel(batch, actor_config):
@@ -208,7 +213,7 @@ def test_constants_from_verl_config_reach_the_kernel(batch, actor_config):
                       phi0_neg * torch.exp(0.5 * (1 - phi0_neg)))
     m = batch["mask"]
     expected = -(phi[:, None] * batch["advantages"] * batch["log_prob"] * m).sum() / m.sum()
-    assert loss.item() == pytest.approx(expected.item(), rel=1e-10)
+    assert loss.item() == pytest.approx(expected.item(), rel=REL)
 
 
 def test_plain_policy_loss_config_means_paper_defaults(batch, compose_verl):
@@ -235,7 +240,7 @@ def test_empty_response_and_extreme_ratios_stay_finite(actor_config):
     # log W clamps at +20 for the positive response and at -20 for the negative one: phi = phi+-(e^+-20).
     phi = closed_form_phi(torch.tensor([20.0, 0.0, -20.0]), torch.tensor([1.0, 0.0, -1.0]))
     assert phi[0] < 1e-7 and phi[2] < 1e-3
-    torch.testing.assert_close(grad, -(phi[:, None] * adv * mask) / mask.sum())
+    torch.testing.assert_close(grad, -(phi[:, None] * adv * mask) / mask.sum(), **CLOSE)
 
 
 def test_metrics_are_per_response_averages_of_the_kernel(batch, actor_config):
@@ -246,11 +251,12 @@ def test_metrics_are_per_response_averages_of_the_kernel(batch, actor_config):
     assert metrics["respo/frac/pos"] == pytest.approx(pos.sum().item() / n)
     assert metrics["respo/phi_mass/pos"] == pytest.approx(phi[pos].sum().item() / n)
     assert metrics["respo/phi_mass/neg"] == pytest.approx(phi[~pos].sum().item() / n)
-    assert metrics["respo/pos_low/frac"] == pytest.approx(low.sum().item() / n)
-    assert metrics["respo/pos_low/phi_mass"] == pytest.approx(phi[low].sum().item() / n)
+    assert metrics["respo/low_weight_pos/frac"] == pytest.approx(low.sum().item() / n)
+    assert metrics["respo/low_weight_pos/phi_mass"] == pytest.approx(phi[low].sum().item() / n)
     assert metrics["respo/phi_mean"] == pytest.approx(phi.mean().item())
     # the paper's diagnostic within this micro-batch: share of positives with log W < -1 and their mass share
     share = low.sum().item() / pos.sum().item()
     mass_share = phi[low].sum().item() / phi[pos].sum().item()
-    values = sorted(v for k, v in metrics.items() if k.startswith("respo/pos_") and not k.startswith("respo/pos_low/"))
-    assert values == pytest.approx(sorted([share, mass_share, mass_share / share]))
+    assert metrics["respo/low_weight_pos/share"] == pytest.approx(share)
+    assert metrics["respo/low_weight_pos/mass_share"] == pytest.approx(mass_share)
+    assert metrics["respo/low_weight_pos/mass_ratio"] == pytest.approx(mass_share / share)
