@@ -71,7 +71,8 @@ _logger = logging.getLogger(__name__)
 INSTALL_HINT = (
     "respo_trl.integrations.verl needs verl 0.9.1 and its pinned stack, in an environment of its own (they clash "
     "with TRL 1.16's). From a checkout: `pip install torch==2.13.0 && pip install -r requirements/verl.txt && "
-    "pip install --no-deps -e .` (docs/verl.md)."
+    "pip install --no-deps -e .`; from PyPI: `pip install verl==0.9.1` and then `pip install --no-deps respo-trl` "
+    "(docs/verl.md)."
 )
 
 try:
