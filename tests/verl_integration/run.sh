@@ -20,9 +20,7 @@ py="$venv/bin/python"
 "$py" -m pip install --quiet torch==2.13.0          # FIRST and pinned: an unpinned torch pulls a multi-GB CUDA build
 "$py" -m pip install --quiet -r requirements/verl.txt
 "$py" -m pip install --quiet --no-deps -e .         # registers the verl.plugins entry point
-built=$(date +%s)
-echo "verl environment ready in $((built - start)) s ($venv)"
+echo "verl environment ready in $(( $(date +%s) - start )) s ($venv)"
 
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
-"$py" -m pytest -q tests/verl_integration "$@"
-echo "verl tests took $(( $(date +%s) - built )) s"
+exec "$py" -m pytest -q tests/verl_integration "$@"   # last line of output: pytest's own summary, with its time
