@@ -319,7 +319,7 @@ def render_card(
     tags=(),
 ) -> ModelCard:
     """Render the card for the checkpoint in ``output_dir`` (writes the curve plot there; the card is returned)."""
-    from ..grading import results_table
+    from ..grading import generation_summary, results_table
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -340,13 +340,9 @@ def render_card(
     )
     eval_fields = {}
     if report:
-        g = report["generation"]
         eval_fields = dict(
             eval_table=results_table(report),
-            eval_settings=(
-                f"{g['n']} samples per problem, temperature {g['temperature']}, top-p {g['top_p']}, at most "
-                f"{g['max_new_tokens']} new tokens, {report['backend']} generation; percentages."
-            ),
+            eval_settings=generation_summary(report),  # names the protocol (e.g. respo-paper) when one was used
             eval_command=report.get("command", ""),
             eval_date=report.get("date", "an unrecorded date"),
         )
