@@ -59,6 +59,10 @@ LOSS_ARGS = {
     "respo_nomask": ["--loss_type", "respo", "--respo_trust_mask", "none"],
 }
 ALL_LOSSES = tuple(LOSS_ARGS)
+# On-policy (R = 1, N = 1) every coefficient of these losses is exactly 1 and they aggregate alike (token sum over the
+# global token count), so their runs are identical (tests/test_trainer.py checks ReSPO's against dapo's): one of them
+# runs and stands for all. GSPO (TRL grpo: a per-sequence mean) trains differently even on-policy.
+SAME_ON_POLICY = ("dapo", "vespo", "respo", "respo_nomask")
 # Per-step metrics kept in each arm's JSON, for the per-pass analysis (--passes-from).
 HISTORY_KEYS = (
     "grad_norm", "entropy", "reward", "offpolicy/ess", "offpolicy/log_weight/min", "offpolicy/log_weight/max",
@@ -538,7 +542,11 @@ def arm_specs(args, extra: list[str], runs_dir: Path, warm_dir: Path, scratch: P
                     steps, eval_steps = args.generations * reuse, args.eval_every * reuse
                 else:
                     steps, eval_steps = args.updates, args.eval_updates
-                for loss in losses:
+                run_losses = losses
+                if (reuse, staleness) == (1, 1):  # on-policy: one run stands for every loss of SAME_ON_POLICY
+                    shared = [loss for loss in losses if loss in SAME_ON_POLICY][:1]
+                    run_losses = [loss for loss in losses if loss not in SAME_ON_POLICY] + shared
+                for loss in run_losses:
                     specs.append({
                         "name": arm_name(model, loss, setting, seed), "model": model, "loss": loss, "reuse": reuse,
                         "staleness": staleness, "setting": setting, "seed": seed, "steps": steps,

@@ -175,6 +175,36 @@ def answer_text(answer) -> str:
     return text
 
 
+class UsageError(ValueError):
+    """Bad input that the command line reports as one line (no traceback)."""
+
+
+def check_jsonl(path: str) -> None:
+    """Every non-empty line of ``path`` must be one JSON object; the first that is not is named with its line."""
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise UsageError(f"{path}, line {number}: not valid JSON ({error.msg}, column {error.colno})") from None
+            if not isinstance(row, dict):
+                raise UsageError(f"{path}, line {number}: expected a JSON object per line, got {type(row).__name__}")
+
+
+def check_model(model: str) -> None:
+    """A ``--model`` that is neither an existing model folder nor a Hub id fails here, in one line."""
+    path = Path(model).expanduser()
+    looks_local = model.startswith((".", "/", "~")) or path.exists() or model.count("/") != 1
+    if not looks_local:
+        return  # a Hub id: its download errors are reported by load_model_and_tokenizer
+    if not path.exists():
+        raise UsageError(f"--model {model!r}: no such directory (a local model folder, or a Hub id owner/name)")
+    if not (path / "config.json").is_file():
+        raise UsageError(f"--model {model!r}: not a model folder (no config.json); pass a training output_dir or a snapshot")
+
+
 def load_problems(spec: BenchmarkSpec, problem_column=None, answer_column=None, limit=None) -> list[Problem]:
     """Load a benchmark into the common schema (``problem``, ``answer`` as strings, and an id). The spec's data source
     is a Hub dataset or a local ``.jsonl``/``.json``/``.parquet`` file (``--local_data``), read with the spec's columns
@@ -183,6 +213,8 @@ def load_problems(spec: BenchmarkSpec, problem_column=None, answer_column=None, 
 
     suffix = Path(spec.dataset).suffix
     if suffix in LOCAL_SUFFIXES and Path(spec.dataset).is_file():
+        if suffix == ".jsonl":
+            check_jsonl(spec.dataset)  # datasets would bury the cause in a long DatasetGenerationError
         data = load_dataset(LOCAL_SUFFIXES[suffix], data_files=spec.dataset, split="train")
     else:
         data = load_dataset(spec.dataset, spec.config, split=spec.split)
@@ -633,7 +665,16 @@ def main(argv=None, generate=None) -> dict:
         backend = "vllm" if vllm_available() else "transformers"
     if generate is not None:
         backend = "custom"
-    tokenizer = load_tokenizer(args)
+    check_model(args.model)
+    for name in args.benchmarks:  # local files are read before any model is loaded: bad input fails in seconds
+        path = args.local_data.get(name) or resolve_benchmark(name)[1].dataset
+        if str(path).endswith(".jsonl") and Path(path).is_file():
+            check_jsonl(path)
+    try:
+        tokenizer = load_tokenizer(args)
+    except OSError as error:  # a Hub id that cannot be fetched (offline, private, misspelt)
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError(f"--model {args.model!r}: cannot load its tokenizer: {first}") from None
     if generate is None:
         if backend == "transformers":
             model = load_transformers_model(args)
@@ -716,4 +757,7 @@ def main(argv=None, generate=None) -> dict:
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-    main()
+    try:
+        main()
+    except (UsageError, FileNotFoundError) as error:
+        sys.exit(f"eval_math.py: error: {error}")

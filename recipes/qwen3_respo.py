@@ -285,6 +285,15 @@ class RecipeArguments:
     heldout_curve_size: int | None = field(
         default=None, metadata={"help": "Held-out problems used for the in-training points (None = all)."}
     )
+    keep_best_heldout: bool = field(
+        default=False,
+        metadata={
+            "help": "Greedy mode with heldout_eval_steps: save the weights at the best in-training held-out point to "
+            "output_dir/best-heldout and measure them on the whole held-out set at the end, so the report shows the "
+            "best and the final checkpoint (RL curves on small models can peak before the last step). Without "
+            "in-training points it does nothing."
+        },
+    )
     # -- the launch this preset was sized for -------------------------------------------------------------------------
     expected_num_processes: int | None = field(
         default=None,
@@ -548,6 +557,7 @@ def validate_args(
         build_reward(name, script_args, training_args)  # unknown names fail here, with the list of known ones
     if "{" in training_args.output_dir:
         raise ValueError(f"output_dir {training_args.output_dir!r} still holds a placeholder: pass --output_dir")
+    check_output_dir(training_args.output_dir)
     weights = training_args.reward_weights
     if weights is not None and len(weights) != len(script_args.reward_funcs):
         raise ValueError(
@@ -567,6 +577,62 @@ def validate_args(
     batch = check_batch_arithmetic(training_args, num_processes, sampled_eval=script_args.eval_mode == "sampled")
     if paper:
         check_paper_contract(script_args, batch)
+
+
+def check_output_dir(path: str) -> None:
+    """``output_dir`` must be a directory this process can write: checked before minutes of warm start are spent."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"--output_dir {path!r} exists and is a file, not a directory: pass another path")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"--output_dir {path!r} cannot be created: {error.strerror or error}") from None
+    if not os.access(path, os.W_OK):
+        raise ValueError(f"--output_dir {path!r} is not writable by this user: pass another path")
+
+
+def reward_description(script_args: RecipeArguments, training_args: ReSPOConfig) -> str:
+    """Axis label saying what the training reward sums, e.g. 'reward = 1 x accuracy + 0.1 x format (max 1.1)'."""
+    weights = training_args.reward_weights or [1.0] * len(script_args.reward_funcs)
+    terms = " + ".join(f"{w:g} x {name}" for w, name in zip(weights, script_args.reward_funcs))
+    return f"mean training reward = {terms}"
+
+
+def best_checkpoint_accuracy(trainer, best: dict, best_dir: str, final_dir: str, measure, heldout) -> dict:
+    """Whole-held-out-set accuracy of the best in-training checkpoint (chosen on the curve's subset), then the final
+    weights are put back (a later push sends the final model)."""
+    from safetensors.torch import load_file
+
+    def load(folder):
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        state = load_file(os.path.join(folder, "model.safetensors"), device=str(trainer.accelerator.device))
+        model.load_state_dict(state, strict=False)
+
+    if best["step"] == trainer.state.global_step or not os.path.isdir(best_dir):
+        return {"step": trainer.state.global_step, "accuracy": None, "is_final": True, "path": final_dir}
+    load(best_dir)
+    result = measure(heldout)
+    load(final_dir)
+    return {
+        "step": best["step"],
+        "accuracy": result["accuracy"],
+        "n": result["n"],
+        "subset_accuracy": best["accuracy"],
+        "subset_n": best.get("n"),
+        "is_final": False,
+        "path": best_dir,
+    }
+
+
+def pick_cpu_threads(training_args: ReSPOConfig, tiny: bool, logger) -> None:
+    """On a CPU, a tiny model gains nothing from several torch threads and loses a lot on a busy machine (measured:
+    ``python recipes/qwen3_respo.py`` at 2 threads ran 3-8x slower than ``accelerate launch``, which sets 1). Use one
+    thread unless ``OMP_NUM_THREADS`` says otherwise."""
+    import torch
+
+    if tiny and not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > 1:
+        logger.info(f"CPU run of a tiny model: torch threads {torch.get_num_threads()} -> 1 (set OMP_NUM_THREADS to choose)")
+        torch.set_num_threads(1)
 
 
 def check_paper_contract(script_args: RecipeArguments, batch: dict) -> None:
@@ -986,7 +1052,7 @@ def print_summary(report: dict) -> None:
         ("held-out set", f"{report['heldout']['dataset']} (n={report['heldout']['n']}, {report['heldout']['mode']})"),
         ("warm-start demonstrations right", pct(report["warm_start"]["demonstration_accuracy"])),
         ("held-out accuracy before RL", pct(before)),
-        ("held-out accuracy after RL", pct(after)),
+        ("held-out accuracy after RL (final)", pct(after)),
         ("change", "n/a" if delta is None else f"{delta:+.1f} points"),
         ("optimizer steps", str(report["training"]["global_step"])),
         ("generated tokens", f"{report['training']['generated_tokens']:,}"),
@@ -999,6 +1065,11 @@ def print_summary(report: dict) -> None:
         ("RL time", f"{report['time_s']['train']:.0f} s"),
         ("wall time (this process)", f"{report['time_s']['total']:.0f} s"),
     ]
+    best = report["heldout"].get("best")
+    if best and not best["is_final"]:
+        rows.insert(5, (f"held-out accuracy, best checkpoint (step {best['step']})", pct(best["accuracy"])))
+    elif best:
+        rows.insert(5, ("best checkpoint", "the final one"))
     width = max(len(k) for k, _ in rows)
     line = "+" + "-" * (width + 2) + "+" + "-" * 52 + "+"
     print("\n" + line)
@@ -1030,6 +1101,7 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
     logger = get_logger(__name__)
     state = PartialState()
     world = state.num_processes
+    pick_cpu_threads(training_args, script_args.tiny_model is not None, logger)
     paper = script_args.prompts_per_update is not None or script_args.updates_per_rollout is not None
     if paper:
         batch = check_batch_arithmetic(training_args, world)
@@ -1163,9 +1235,15 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
             return sampled_accuracy(trainer, dataset, reward_name(accuracy_fn))
         return greedy_accuracy(trainer, dataset, eval_tokens, script_args.eval_batch_size, accuracy_fn)
 
+    best_dir = os.path.join(training_args.output_dir, "best-heldout")
+    best = {"step": None, "accuracy": -1.0}
+
     def curve_point(step, dataset=curve_set):
         result = heldout_accuracy(dataset)
         tokens = trainer.rollouts.generated_tokens
+        if script_args.keep_best_heldout and step > 0 and result["accuracy"] > best["accuracy"]:
+            trainer.save_model(best_dir)  # every process takes part, as in any save
+            best.update(step=step, accuracy=result["accuracy"], n=result["n"])
         return {"step": step, "generated_tokens": tokens, "accuracy": result["accuracy"], "n": result["n"]}
 
     report = {
@@ -1242,8 +1320,15 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
         report["heldout"]["after"], report["heldout"]["after_detail"] = after["accuracy"], after
     eval_s += time.time() - t0
 
-    # -- save, report, plots, push ------------------------------------------------------------------------------------
+    # -- save; the best in-training checkpoint measured on the whole held-out set too ---------------------------------
     trainer.save_model(training_args.output_dir)
+    if best["step"] is not None and script_args.eval_mode != "none":
+        final = report["curve"][-1]
+        if final.get("n") == best.get("n") and final["accuracy"] >= best["accuracy"]:
+            best.update(step=final["step"], accuracy=final["accuracy"])  # the final checkpoint is the best one
+        t0 = time.time()
+        report["heldout"]["best"] = best_checkpoint_accuracy(trainer, best, best_dir, training_args.output_dir, heldout_accuracy, heldout)
+        eval_s += time.time() - t0
     trainer.save_state()  # trainer_state.json: the full log history the plots are drawn from
     history = trainer.state.log_history
     rewards = [h["reward"] for h in history if "reward" in h]
@@ -1279,7 +1364,11 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
             title=f"{model_name}, {training_args.loss_type} R={training_args.respo_reuse}, seed {training_args.seed}",
             accuracy_label=f"held-out accuracy, {script_args.eval_mode}",
             loss_name=training_args.loss_type,
+            reward_label=reward_description(script_args, training_args),
         )
+        curves = os.path.join(training_args.output_dir, "training_curves.png")  # the model card's (respo_trl.hub.card)
+        if os.path.isfile(curves):
+            report["plots"].append(curves)
         report["time_s"]["total"] = time.time() - start
         with open(os.path.join(training_args.output_dir, "report.json"), "w") as f:
             json.dump(report, f, indent=1, default=str)

@@ -462,3 +462,28 @@ def test_respo_paper_protocol_end_to_end_with_length_bins_and_card(eval_math, ti
     card = str(render_card(output_dir=out, model_name="tiny", args={}, log_history=[], citation=""))
     assert "Protocol `respo-paper` (the ReSPO paper's evaluation" in card
     assert "| aime24 | 1 | 16 | 50.0" in card and "| math500 | 6 | 4 |" in card
+
+
+def test_bad_model_path_and_malformed_jsonl_fail_in_one_line(tmp_path, tiny_model_dir):
+    """Run as a user would: a missing model folder, a folder that is no model, and a broken JSONL line each end the
+    command with one line naming the problem (no traceback)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    good = tmp_path / "ok.jsonl"
+    good.write_text('{"problem": "1+1", "answer": "2"}\n')
+    bad = tmp_path / "broken.jsonl"
+    bad.write_text('{"problem": "1+1", "answer": "2"}\n{"problem": "2+2", "answer": 4\n')
+    cases = [
+        (["--model", str(tmp_path / "nope"), "--benchmarks", str(good)], "no such directory"),
+        (["--model", str(tmp_path), "--benchmarks", str(good)], "not a model folder (no config.json)"),
+        (["--model", tiny_model_dir, "--benchmarks", str(bad), "--backend", "transformers"], "broken.jsonl, line 2"),
+    ]
+    for argv, message in cases:
+        done = subprocess.run([sys.executable, str(ROOT / "recipes" / "eval_math.py"), *argv], capture_output=True,
+                              text=True, timeout=300, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+        assert done.returncode != 0
+        lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith(("INFO", "WARNING"))]
+        assert "Traceback" not in done.stderr and len(lines) == 1 and message in lines[0], done.stderr[-2000:]

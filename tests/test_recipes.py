@@ -498,6 +498,11 @@ def test_tiny_default_runs_end_to_end_and_resumes_with_its_rollout_buffer(recipe
                  "trainer_state.json", "tokenizer.json"):  # fmt: skip
         assert (out / name).is_file(), name
     assert json.loads((out / "report.json").read_text())["heldout"]["after"] == report["heldout"]["after"]
+    best = report["heldout"]["best"]  # the best in-training point, measured on the whole held-out set too
+    assert best["step"] in (2, 4)
+    if not best["is_final"]:
+        assert best["accuracy"] is not None and best["n"] == 16 and (out / "best-heldout" / "model.safetensors").is_file()
+    assert str(out / "training_curves.png") in report["plots"]
     for step in (2, 4):
         assert (out / f"checkpoint-{step}" / "rollout_buffer-rank0.safetensors").is_file()
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
@@ -522,6 +527,32 @@ def test_tiny_default_runs_end_to_end_and_resumes_with_its_rollout_buffer(recipe
     assert latest["training"]["generated_tokens"] > report["training"]["generated_tokens"]
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     assert [h["reuse/staleness_max"] for h in history if "reuse/staleness_max" in h][-2:] == [0, 1]
+
+
+def test_an_output_dir_that_is_a_file_fails_before_the_warm_start(recipe, tmp_path):
+    blocker = tmp_path / "taken"
+    blocker.write_text("not a directory")
+    with pytest.raises(ValueError, match="exists and is a file"):
+        recipe.validate_args(*recipe.parse_args(["--output_dir", str(blocker)]))
+
+
+def test_the_tiny_recipe_on_cpu_uses_one_torch_thread(recipe, monkeypatch):
+    import logging
+
+    import torch
+
+    threads = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        torch.set_num_threads(2)
+        recipe.pick_cpu_threads(None, tiny=True, logger=logging.getLogger("test"))
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's choice wins
+        recipe.pick_cpu_threads(None, tiny=True, logger=logging.getLogger("test"))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_moe_tiny_model_trains_with_the_router_loss(recipe, tmp_path):

@@ -161,11 +161,8 @@ def training_curves(log_history: list[dict], path: str | os.PathLike) -> str | N
     axes[0].set(xlabel="optimizer step", ylabel="mean reward", title="reward")
     if has_tokens:
         axes[1].plot(tokens, rewards, marker="." if len(rows) < 50 else None, color="C1")
-        axes[1].set(
-            xlabel="generated tokens (reuse/generated_tokens)",
-            ylabel="mean reward",
-            title="reward vs sampling compute",
-        )
+        axes[1].set(xlabel="generated completion tokens (sampling compute)", ylabel="mean reward",
+                    title="reward vs sampling compute")  # fmt: skip
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.savefig(path, dpi=110)
