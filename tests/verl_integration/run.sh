@@ -23,4 +23,5 @@ py="$venv/bin/python"
 echo "verl environment ready in $(( $(date +%s) - start )) s ($venv)"
 
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
-exec "$py" -m pytest -q tests/verl_integration "$@"   # last line of output: pytest's own summary, with its time
+# -o addopts: the main run's addopts ignore this folder. The last line of output is pytest's own summary, with its time.
+exec "$py" -m pytest -q -o addopts=-ra tests/verl_integration "$@"
