@@ -1,15 +1,22 @@
-"""Rollout reuse on the tiny LM: held-out accuracy per generated token for clipped and reshaped losses, R = 1, 2, 4.
+"""Rollout reuse on the tiny LM: held-out accuracy for clipped and reshaped losses, under both kinds of reuse.
 
-The question users ask: if I sample once and take R optimizer steps on the batch, do I get the accuracy of sampling
-every step for a fraction of the sampling compute, or does the loss collapse? Each arm is one run of the recipe
-(``recipes/qwen3_respo.py``, embedded tiny default: warm-started tiny Qwen3 on the built-in arithmetic task) through
-``ReSPOTrainer``, with the same number of generation batches (the same budget of sampled completions) and
-``max_steps = generations x R``. Arms: TRL ``dapo`` (the default clipped loss), ``gspo`` (TRL ``grpo`` with a
-sequence-level ratio), ``vespo`` and ``respo``, on the dense model and, for a subset, the MoE model. Each
-(model, seed) is warm-started once and every arm of that seed starts from that checkpoint, so arms differ only in the
-loss and R.
+The question users ask: if I sample once and take several optimizer steps on the batch, do I get the accuracy of
+sampling every step for a fraction of the sampling compute, or does the loss collapse? Two kinds of reuse:
 
-    python benchmarks/reuse_lm.py --out docs/benchmarks/reuse_lm     # full size: ~35 min on 2 CPU cores
+* epochs ``R`` (TRL's ``num_iterations``): every sample is used ``R`` times; arms get the same number of generation
+  batches (the same budget of sampled completions), so ``max_steps = generations x R``;
+* the paper's staleness ``N`` (``respo_updates_per_rollout``): one rollout batch of ``N`` mini-batches feeds ``N``
+  consecutive updates, each sample used once; arms get the same number of policy updates (the paper: 1,024 for every
+  ``N``), so ``N`` times fewer sampled completions.
+
+Each arm is one run of the recipe (``recipes/qwen3_respo.py``, embedded tiny default: warm-started tiny Qwen3 on the
+built-in arithmetic task) through ``ReSPOTrainer``. Arms: TRL ``dapo`` (the default clipped loss), ``gspo`` (TRL
+``grpo`` with a sequence-level ratio), ``vespo`` and ``respo`` (the paper's kernel; the directional token trust mask
+is on under epochs, by default), on the dense model and the MoE model. Each (model, seed) is warm-started once and
+every arm of that seed starts from that checkpoint, so arms differ only in the loss and the reuse setting.
+
+    python benchmarks/reuse_lm.py --out docs/benchmarks/reuse_lm     # epochs R = 1, 2, 4, dense and MoE
+    python benchmarks/reuse_lm.py --out docs/benchmarks/reuse_lm_staleness --reuse --staleness 1 4 8 16
     python benchmarks/reuse_lm.py --smoke --out /tmp/reuse_lm        # seconds; what the test suite runs
     python benchmarks/reuse_lm.py --seeds 0 --losses dapo respo --reuse 1 4 --models dense   # a slice
     python benchmarks/reuse_lm.py --out docs/benchmarks/reuse_lm_lr1e-4 --models dense --losses dapo respo \\
@@ -26,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import itertools
 import json
 import math
@@ -40,8 +46,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPE = ROOT / "recipes" / "qwen3_respo.py"
-sys.path.insert(0, str(ROOT))  # run from a checkout without `pip install -e .`
+sys.path.insert(0, str(ROOT))  # run from a checkout without `pip install -e .` (recipes/ and benchmarks/ are packages)
 LOSSES = ("dapo", "gspo", "vespo", "respo")
 CLIPPED = "dapo"  # the baseline of the summary claims: TRL's default clipped loss
 # The arms' loss settings: gspo is TRL's grpo loss with a sequence-level ratio, as TRL documents it.
@@ -50,13 +55,33 @@ LOSS_ARGS = {
     "gspo": ["--loss_type", "grpo", "--importance_sampling_level", "sequence"],
     "vespo": ["--loss_type", "vespo"],
     "respo": ["--loss_type", "respo"],
+    # the paper's kernel without the directional token trust mask under epochs (what 0.2's default turns on)
+    "respo_nomask": ["--loss_type", "respo", "--respo_trust_mask", "none"],
 }
+ALL_LOSSES = tuple(LOSS_ARGS)
+# On-policy (R = 1, N = 1) every coefficient of these losses is exactly 1 and they aggregate alike (token sum over the
+# global token count), so their runs are identical (tests/test_trainer.py checks ReSPO's against dapo's): one of them
+# runs and stands for all. GSPO (TRL grpo: a per-sequence mean) trains differently even on-policy.
+SAME_ON_POLICY = ("dapo", "vespo", "respo", "respo_nomask")
 # Per-step metrics kept in each arm's JSON, for the per-pass analysis (--passes-from).
 HISTORY_KEYS = (
-    "grad_norm", "entropy", "reward", "offpolicy/ess", "offpolicy/ess_normalized", "offpolicy/log_weight/min",
-    "offpolicy/log_weight/max", "clip_ratio/region_mean", "starvation/grad_throughput/pos",
-    "starvation/grad_throughput/neg", "starvation/clip_grad_throughput/pos", "starvation/clip_grad_throughput/neg",
+    "grad_norm", "entropy", "reward", "offpolicy/ess", "offpolicy/log_weight/min", "offpolicy/log_weight/max",
+    "clip_ratio/region_mean", "starvation/grad_throughput/pos", "starvation/grad_throughput/neg",
+    "starvation/clip_grad_throughput/pos", "starvation/clip_grad_throughput/neg", "respo/trust_masked_frac",
+    "starvation/zero_coef_token_frac", "starvation/low_weight_pos/share", "starvation/low_weight_pos/mass_share",
+    "starvation/pos_length_mean", "reuse/staleness_mean",
 )  # fmt: skip
+# Early means kept per arm (first quarter of the optimizer steps): name in the JSON -> logged metric.
+EARLY_KEYS = {
+    "grad_throughput_pos": "starvation/grad_throughput/pos",
+    "grad_throughput_neg": "starvation/grad_throughput/neg",
+    "starved_frac_pos": "starvation/starved_frac/pos",
+    "starved_frac_neg": "starvation/starved_frac/neg",
+    "low_weight_pos_share": "starvation/low_weight_pos/share",
+    "low_weight_pos_mass_share": "starvation/low_weight_pos/mass_share",
+    "pos_length_mean": "starvation/pos_length_mean",
+    "trust_masked_frac": "respo/trust_masked_frac",
+}
 SMOKE_ARGS = [
     "--warmstart_steps", "4", "--train_size", "64", "--heldout_size", "8", "--heldout_curve_size", "4",
     "--tiny_hidden_size", "32", "--tiny_num_layers", "1", "--tiny_intermediate_size", "64",
@@ -65,11 +90,9 @@ SMOKE_ARGS = [
 
 
 def load_recipe():
-    spec = importlib.util.spec_from_file_location("qwen3_respo_recipe", RECIPE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
+    from recipes import qwen3_respo
+
+    return qwen3_respo
 
 
 def _init_worker():
@@ -80,8 +103,15 @@ def _init_worker():
     torch.set_num_interop_threads(1)
 
 
-def arm_name(model: str, loss: str, reuse: int, seed: int) -> str:
-    return f"{model}-{loss}-R{reuse}-seed{seed}"
+def setting_name(reuse: int, staleness: int) -> str:
+    """``R4`` (epochs), ``N8`` (staleness) or ``N2R2`` (both)."""
+    if staleness == 1:
+        return f"R{reuse}"
+    return f"N{staleness}" + (f"R{reuse}" if reuse > 1 else "")
+
+
+def arm_name(model: str, loss: str, setting: str, seed: int) -> str:
+    return f"{model}-{loss}-{setting}-seed{seed}"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -111,15 +141,17 @@ def warm_start(model_kind: str, seed: int, extra: list[str], path: str) -> str:
 def run_arm(spec: dict) -> dict:
     """One recipe run from the warm-started checkpoint; returns what the summary needs (no weights kept)."""
     recipe = load_recipe()
-    reuse, gens = spec["reuse"], spec["generations"]
+    reuse, staleness = spec["reuse"], spec["staleness"]
     output_dir = os.path.join(spec["scratch"], spec["name"])
     argv = [
         *spec["extra"], *LOSS_ARGS[spec["loss"]], "--seed", str(spec["seed"]),
-        "--respo_reuse", str(reuse), "--max_steps", str(gens * reuse),
-        "--heldout_eval_steps", str(spec["eval_every"] * reuse), "--warmstart_steps", "0",
+        # the tiny preset accumulates no gradients, so N updates per rollout batch = N steps per generation
+        "--respo_reuse", str(reuse), "--steps_per_generation", str(staleness), "--max_steps", str(spec["steps"]),
+        "--heldout_eval_steps", str(spec["eval_steps"]), "--warmstart_steps", "0",
         "--save_strategy", "no", "--output_dir", output_dir,
     ]  # fmt: skip
     script_args, training_args, model_args = recipe.parse_args(argv)
+    assert training_args.gradient_accumulation_steps == 1, "staleness arms assume no gradient accumulation"
     script_args.tiny_model, model_args.model_name_or_path = None, spec["warm_path"]
     start = time.time()
     log_path = os.path.join(spec["logs_dir"], spec["name"] + ".log")
@@ -141,20 +173,16 @@ def run_arm(spec: dict) -> dict:
         peak = max(peak, point["accuracy"])
         drop = max(drop, peak - point["accuracy"])
     result = {
-        **{k: spec[k] for k in ("name", "model", "loss", "reuse", "seed", "generations")},
+        **{k: spec[k] for k in ("name", "model", "loss", "reuse", "staleness", "setting", "seed", "steps")},
         "before": report["heldout"]["before"],
         "after": report["heldout"]["after"],
         "heldout_n": report["heldout"]["n"],
         "curve": [{k: p[k] for k in ("step", "generated_tokens", "accuracy", "n")} for p in curve],
+        "best": max(p["accuracy"] for p in curve),
         "max_drop": drop,
         "generated_tokens": report["training"]["generated_tokens"],
         "global_step": report["training"]["global_step"],
-        "early": {
-            "grad_throughput_pos": mean_of(early, "starvation/grad_throughput/pos"),
-            "grad_throughput_neg": mean_of(early, "starvation/grad_throughput/neg"),
-            "starved_frac_pos": mean_of(early, "starvation/starved_frac/pos"),
-            "starved_frac_neg": mean_of(early, "starvation/starved_frac/neg"),
-        },
+        "early": {name: mean_of(early, key) for name, key in EARLY_KEYS.items()},
         "whole_run": {
             "grad_throughput_pos": mean_of(steps, "starvation/grad_throughput/pos"),
             "grad_throughput_neg": mean_of(steps, "starvation/grad_throughput/neg"),
@@ -210,65 +238,107 @@ def tokens_to_reach(curve: list[tuple[float, float]], target: float) -> float | 
     return curve[-1][0] if curve and curve[-1][1] >= target else None
 
 
+def mean_curve_by_step(runs: list[dict]) -> list[tuple[float, float]]:
+    """Seed-mean (policy updates, accuracy) at each curve index."""
+    length = min(len(r["curve"]) for r in runs)
+    return [
+        (statistics.fmean(r["curve"][i]["step"] for r in runs), statistics.fmean(r["curve"][i]["accuracy"] for r in runs))
+        for i in range(length)
+    ]
+
+
 def summarize(results: list[dict]) -> dict:
     arms: dict[str, dict] = {}
     groups: dict[tuple, list[dict]] = {}
     for r in results:
-        groups.setdefault((r["model"], r["loss"], r["reuse"]), []).append(r)
-    for (model, loss, reuse), runs in sorted(groups.items()):
-        arms[f"{model}-{loss}-R{reuse}"] = {
+        r.setdefault("staleness", 1)
+        r.setdefault("setting", setting_name(r["reuse"], r["staleness"]))
+        groups.setdefault((r["model"], r["loss"], r["setting"]), []).append(r)
+    for (model, loss, setting), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], _order(kv[0][2]), kv[0][1])):
+        arms[f"{model}-{loss}-{setting}"] = {
             "model": model,
             "loss": loss,
-            "reuse": reuse,
+            "setting": setting,
+            "reuse": runs[0]["reuse"],
+            "staleness": runs[0]["staleness"],
             "seeds": sorted(r["seed"] for r in runs),
             "before": spread([r["before"] for r in runs]),
             "after": spread([r["after"] for r in runs]),
+            "best": spread([r.get("best", r["after"]) for r in runs]),
+            "after_per_seed": {r["seed"]: r["after"] for r in runs},
             "gain_points": spread([100 * (r["after"] - r["before"]) for r in runs]),
             "max_drop_points": spread([100 * r["max_drop"] for r in runs]),
+            "ended_below_start": sum(r["after"] < r["before"] for r in runs),
             "generated_tokens": spread([r["generated_tokens"] for r in runs]),
-            "early_grad_throughput_pos": spread([r["early"]["grad_throughput_pos"] for r in runs]),
-            "early_grad_throughput_neg": spread([r["early"]["grad_throughput_neg"] for r in runs]),
-            "early_starved_frac_pos": spread([r["early"]["starved_frac_pos"] for r in runs]),
+            "global_step": spread([r["global_step"] for r in runs]),
+            **{f"early_{name}": spread([r["early"].get(name) for r in runs]) for name in EARLY_KEYS},
             "wall_s": spread([r["wall_s"] for r in runs]),
             "mean_curve": mean_curve(runs),
+            "mean_curve_by_step": mean_curve_by_step(runs),
         }
     return {"arms": arms, "claims": claims(groups)}
 
 
+def _order(setting: str) -> tuple:
+    """Sort settings as R1, R2, R4, N4, N8, N16, N2R2."""
+    n = int(setting[1:].split("R")[0]) if setting.startswith("N") else 1
+    r = int(setting.split("R")[1]) if "R" in setting else 1
+    return (setting.startswith("N"), n, r)
+
+
+def _paired(a: list[dict], b: list[dict]) -> tuple[dict, dict, list[int]]:
+    a, b = ({r["seed"]: r for r in runs} for runs in (a, b))
+    return a, b, sorted(set(a) & set(b))
+
+
 def claims(groups: dict[tuple, list[dict]]) -> dict:
-    """The summary's claims, measured on the dense model (paired by seed where two arms are compared)."""
+    """The issue's goals and the summary's claims, as measured (paired by seed where two arms are compared)."""
     out = {}
-    respo4, clip4, clip1 = (
-        groups.get(("dense", loss, r), []) for loss, r in (("respo", 4), (CLIPPED, 4), (CLIPPED, 1))
-    )
-    if respo4 and clip4:
-        a, b = ({r["seed"]: r for r in runs} for runs in (respo4, clip4))
-        seeds = sorted(set(a) & set(b))
-        ratios = [a[s]["early"]["grad_throughput_pos"] / b[s]["early"]["grad_throughput_pos"] for s in seeds
-                  if b[s]["early"]["grad_throughput_pos"]]  # fmt: skip
-        out["early_pos_throughput_ratio_R4"] = {**spread(ratios), "claim": 2.4, "seeds": seeds}
-        out["respo_minus_clipped_R4_points"] = {
-            **spread([100 * (a[s]["after"] - b[s]["after"]) for s in seeds]),
-            "claim": "3.6 to 5.2",
-            "seeds": seeds,
-        }
-    if respo4 and clip1:
+    for model in sorted({key[0] for key in groups}):
+        for setting in sorted({key[2] for key in groups if key[0] == model}, key=_order):
+            respo = groups.get((model, "respo", setting), [])
+            if not respo:
+                continue
+            entry = {}
+            for loss in ALL_LOSSES:
+                other = groups.get((model, loss, setting), [])
+                if loss == "respo" or not other:
+                    continue
+                a, b, seeds = _paired(respo, other)
+                entry[f"respo_minus_{loss}_points"] = {
+                    **spread([100 * (a[s]["after"] - b[s]["after"]) for s in seeds]),
+                    "seeds": seeds,
+                }
+            entry["respo_ended_below_start"] = sum(r["after"] < r["before"] for r in respo)
+            for loss in ("respo", "vespo", CLIPPED):
+                runs = groups.get((model, loss, setting), [])
+                ratios = [
+                    r["early"]["low_weight_pos_mass_share"] / r["early"]["low_weight_pos_share"]
+                    for r in runs
+                    if r["early"].get("low_weight_pos_share") and r["early"].get("low_weight_pos_mass_share") is not None
+                ]
+                if ratios:
+                    entry[f"{loss}_low_weight_pos_mass_ratio"] = {**spread(ratios), "paper": {"respo": 1.69, "vespo": 0.93}.get(loss)}
+            clip = groups.get((model, CLIPPED, setting), [])
+            if clip:
+                a, b, seeds = _paired(respo, clip)
+                ratios = [a[s]["early"]["grad_throughput_pos"] / b[s]["early"]["grad_throughput_pos"] for s in seeds
+                          if a[s]["early"]["grad_throughput_pos"] and b[s]["early"]["grad_throughput_pos"]]  # fmt: skip
+                entry["early_pos_throughput_ratio_vs_clipped"] = {**spread(ratios), "summary_claim": 2.4}
+            out[f"{model}-{setting}"] = entry
+    # what reuse saves: tokens each loss needs under R = 4 to reach the clipped on-policy run's final accuracy
+    clip1 = groups.get(("dense", CLIPPED, "R1"), [])
+    if clip1:
         target = statistics.fmean(r["after"] for r in clip1)
         budget = statistics.fmean(r["generated_tokens"] for r in clip1)
-        reached = tokens_to_reach(mean_curve(respo4), target)
-        out["respo_R4_tokens_to_clipped_R1_final"] = {
-            "clipped_R1_final_accuracy": target,
-            "clipped_R1_generated_tokens": budget,
-            "respo_R4_tokens": reached,
-            "fraction_of_clipped_R1_tokens": None if reached is None else reached / budget,
-            "claim": "<= 0.5",
-        }
-        # the same for every loss run at R = 4: is the saving ReSPO's, or reuse's?
-        for (model, loss, reuse), runs in sorted(groups.items()):
-            if model == "dense" and reuse == 4:
+        fractions = {}
+        for (model, loss, setting), runs in sorted(groups.items()):
+            if model == "dense" and setting != "R1":
                 reached = tokens_to_reach(mean_curve(runs), target)
-                fraction = None if reached is None else reached / budget
-                out.setdefault("R4_fraction_of_clipped_R1_tokens_by_loss", {})[loss] = fraction
+                fractions.setdefault(setting, {})[loss] = None if reached is None else reached / budget
+        out["fraction_of_clipped_R1_tokens_to_its_final_accuracy"] = {
+            "clipped_R1_final_accuracy": target, "clipped_R1_generated_tokens": budget, **fractions
+        }  # fmt: skip
     return out
 
 
@@ -286,67 +356,77 @@ def per_pass(arm: dict, steps: int) -> list[dict]:
     return table
 
 
-def plot(summary: dict, model: str, path: Path) -> None:
-    """Top row: held-out accuracy against generated tokens, one panel per R. Bottom row: the same curves by R for the
-    clipped baseline and ReSPO (what reuse saves), and early gradient throughput by advantage sign."""
+COLORS = dict(zip(ALL_LOSSES, ("tab:red", "tab:orange", "tab:purple", "tab:blue", "tab:cyan")))
+
+
+def plot(summary: dict, model: str, kind: str, path: Path) -> None:
+    """One panel per reuse setting of ``kind`` (``R`` epochs or ``N`` staleness): held-out accuracy against generated
+    tokens (top) and against policy updates (middle); bottom: early gradient throughput by sign and the paper's
+    positive-branch diagnostic (mass ratio of low-weight positives)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    arms = {k: v for k, v in summary["arms"].items() if v["model"] == model}
-    reuses = sorted({v["reuse"] for v in arms.values()})
-    losses = [loss for loss in LOSSES if any(v["loss"] == loss for v in arms.values())]
-    colors = dict(zip(LOSSES, ("tab:red", "tab:orange", "tab:purple", "tab:blue")))
-    styles = dict(zip(sorted(reuses), (":", "--", "-", "-.")))
-    ncols = max(3, len(reuses))
-    fig, axes = plt.subplots(2, ncols, figsize=(4.6 * ncols, 7.4), squeeze=False)
+    arms = {k: v for k, v in summary["arms"].items() if v["model"] == model and v["setting"][0] == kind}
+    settings = sorted({v["setting"] for v in arms.values()}, key=_order)
+    losses = [loss for loss in ALL_LOSSES if any(v["loss"] == loss for v in arms.values())]
+    ncols = max(3, len(settings))
+    fig, axes = plt.subplots(3, ncols, figsize=(4.4 * ncols, 10.5), squeeze=False)
 
-    def curve(ax, arm, **kwargs):
-        xs, ys = zip(*arm["mean_curve"])
-        ax.plot([x / 1e3 for x in xs], [100 * y for y in ys], marker="o", ms=3, **kwargs)
+    def curve(ax, points, **kwargs):
+        xs, ys = zip(*points)
+        ax.plot(xs, [100 * y for y in ys], marker="o", ms=3, **kwargs)
 
-    for ax, reuse in zip(axes[0], reuses):
-        for loss in losses:
-            if f"{model}-{loss}-R{reuse}" in arms:
-                curve(ax, arms[f"{model}-{loss}-R{reuse}"], color=colors[loss], label=loss)
-        ax.set(title=f"R = {reuse}", xlabel="generated tokens (k)", ylabel="held-out accuracy (%), mean of seeds")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    for ax in axes[0][len(reuses) :]:
-        ax.axis("off")
-    ax = axes[1][0]
-    for loss in (CLIPPED, "respo"):
-        for reuse in reuses:
-            if f"{model}-{loss}-R{reuse}" in arms:
-                curve(
-                    ax,
-                    arms[f"{model}-{loss}-R{reuse}"],
-                    color=colors[loss],
-                    ls=styles[reuse],
-                    label=f"{loss} R={reuse}",
-                )
-    ax.set(title="what reuse saves", xlabel="generated tokens (k)", ylabel="held-out accuracy (%), mean of seeds")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    for col, setting in enumerate(settings):
+        for row, (key, xlabel, scale) in enumerate(
+            (("mean_curve", "generated tokens (k)", 1e3), ("mean_curve_by_step", "policy updates", 1))
+        ):
+            ax = axes[row][col]
+            for loss in losses:
+                arm = arms.get(f"{model}-{loss}-{setting}")
+                if arm:
+                    curve(ax, [(x / scale, y) for x, y in arm[key]], color=COLORS[loss], label=loss)
+            ax.set(title=setting.replace("R", "R = ").replace("N", "N = "), xlabel=xlabel,
+                   ylabel="held-out accuracy (%), seed mean")  # fmt: skip
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    for row in (0, 1):
+        for ax in axes[row][len(settings) :]:
+            ax.axis("off")
     width = 0.8 / max(1, len(losses))
-    for ax, sign in zip(axes[1][1:3], ("pos", "neg")):
+    panels = (
+        ("early_grad_throughput_pos", "early gradient throughput, A > 0", (0, 1.4)),
+        ("early_grad_throughput_neg", "early gradient throughput, A < 0", (0, 1.4)),
+        ("low_weight_mass_ratio", "low-weight positives (log W < -1):\nshare of coefficient mass / share of positives", None),
+    )
+    for ax, (key, title, ylim) in zip(axes[2], panels):
         for i, loss in enumerate(losses):
-            stats = [arms.get(f"{model}-{loss}-R{r}", {}).get(f"early_grad_throughput_{sign}") for r in reuses]
-            means = [s["mean"] if s and s["mean"] is not None else 0.0 for s in stats]
-            errs = [s["std"] if s and s["std"] is not None else 0.0 for s in stats]
-            ax.bar(
-                [j + i * width for j in range(len(reuses))], means, width, yerr=errs, color=colors[loss], label=loss
-            )
-        ax.set_xticks([j + width * (len(losses) - 1) / 2 for j in range(len(reuses))], [f"R={r}" for r in reuses])
-        ax.set(title=f"early gradient throughput, A {'> 0' if sign == 'pos' else '< 0'}", ylim=(0, 1.1))
+            means, errs = [], []
+            for setting in settings:
+                arm = arms.get(f"{model}-{loss}-{setting}", {})
+                if key == "low_weight_mass_ratio":
+                    share, mass = arm.get("early_low_weight_pos_share", {}), arm.get("early_low_weight_pos_mass_share", {})
+                    ok = share.get("mean") and mass.get("mean") is not None
+                    means.append(mass["mean"] / share["mean"] if ok else 0.0)
+                    errs.append(0.0)
+                else:
+                    stats = arm.get(key) or {}
+                    means.append(stats.get("mean") or 0.0)
+                    errs.append(stats.get("std") or 0.0)
+            ax.bar([j + i * width for j in range(len(settings))], means, width, yerr=errs, color=COLORS[loss], label=loss)
+        ax.set_xticks([j + width * (len(losses) - 1) / 2 for j in range(len(settings))], settings)
+        ax.set(title=title)
+        if ylim:
+            ax.set_ylim(*ylim)
+        else:
+            ax.axhline(1.0, color="gray", lw=0.8)
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=8, loc="lower left")
-    for ax in axes[1][3:]:
+    for ax in axes[2][3:]:
         ax.axis("off")
-    fig.suptitle(
-        f"tiny Qwen3 ({model}), arithmetic task, equal sampled-completion budget per arm: {summary_note(summary)}"
-    )
+    what = "equal sampled-completion budget per arm" if kind == "R" else "equal policy updates per arm"
+    fig.suptitle(f"tiny Qwen3 ({model}), arithmetic task, {what}: {summary_note(summary)}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -358,57 +438,55 @@ def summary_note(summary: dict) -> str:
     return f"{len(config.get('seeds', []))} seeds, {extra}"
 
 
-def print_table(summary: dict) -> None:
-    def fmt(stats, scale=1.0, digits=1):
-        if not stats or stats["mean"] is None:
-            return "n/a"
-        return f"{scale * stats['mean']:.{digits}f} ± {scale * stats['std']:.{digits}f}"
+def _pm(stats, scale=1.0, digits=1):
+    if not stats or stats.get("mean") is None:
+        return "n/a"
+    return f"{scale * stats['mean']:.{digits}f} ± {scale * stats['std']:.{digits}f}"
 
-    print(f"\n{'arm':<20} {'seeds':>5} {'before %':>12} {'after %':>12} {'worst drop':>11} {'tokens k':>9} "
-          f"{'early tp+':>13} {'early tp-':>13} {'wall s':>7}")  # fmt: skip
+
+def print_table(summary: dict) -> None:
+    print(f"\n{'arm':<22} {'seeds':>5} {'before %':>12} {'after %':>12} {'best %':>12} {'worst drop':>11} "
+          f"{'tokens k':>9} {'early tp+':>13} {'early tp-':>13} {'wall s':>7}")  # fmt: skip
     for name, arm in summary["arms"].items():
         print(
-            f"{name:<20} {len(arm['seeds']):>5} {fmt(arm['before'], 100):>12} {fmt(arm['after'], 100):>12} "
-            f"{fmt(arm['max_drop_points']):>11} {arm['generated_tokens']['mean'] / 1e3:>9.0f} "
-            f"{fmt(arm['early_grad_throughput_pos'], 1, 3):>13} {fmt(arm['early_grad_throughput_neg'], 1, 3):>13} "
-            f"{arm['wall_s']['mean']:>7.0f}"
+            f"{name:<22} {len(arm['seeds']):>5} {_pm(arm['before'], 100):>12} {_pm(arm['after'], 100):>12} "
+            f"{_pm(arm['best'], 100):>12} {_pm(arm['max_drop_points']):>11} "
+            f"{arm['generated_tokens']['mean'] / 1e3:>9.0f} {_pm(arm['early_grad_throughput_pos'], 1, 3):>13} "
+            f"{_pm(arm['early_grad_throughput_neg'], 1, 3):>13} {arm['wall_s']['mean']:>7.0f}"
         )
-    print("\nsummary claims (dense):")
+    print("\nclaims and goals:")
     for key, value in summary["claims"].items():
         print(f"  {key}: {json.dumps(value)}")
 
 
 def markdown(summary: dict) -> str:
     """The docs tables (docs/benchmarks.md, section 2) from a ``reuse_lm.json``."""
-
-    def pm(stats, scale=1.0, digits=1):
-        if not stats or stats.get("mean") is None:
-            return "n/a"
-        return f"{scale * stats['mean']:.{digits}f} ± {scale * stats['std']:.{digits}f}"
-
     lines = [
-        "| model | loss | R | held-out before (%) | after (%) | worst drop (points) | generated tokens (k) "
-        "| early throughput + | early throughput − | early starved + | wall (s) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | loss | reuse | updates | generated tokens (k) | held-out before (%) | after (%) | best (%) "
+        "| worst drop (points) | per seed after (%) | early throughput + | early throughput − "
+        "| low-W positives: share / mass | trust-masked tokens | wall (s) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|",
     ]
     for arm in summary["arms"].values():
+        per_seed = " / ".join(f"{100 * v:.1f}" for _, v in sorted(arm.get("after_per_seed", {}).items()))
+        share, mass = arm.get("early_low_weight_pos_share"), arm.get("early_low_weight_pos_mass_share")
         lines.append(
-            f"| {arm['model']} | {arm['loss']} | {arm['reuse']} | {pm(arm['before'], 100)} | {pm(arm['after'], 100)} "
-            f"| {pm(arm['max_drop_points'])} | {arm['generated_tokens']['mean'] / 1e3:.0f} "
-            f"| {pm(arm['early_grad_throughput_pos'], 1, 3)} | {pm(arm['early_grad_throughput_neg'], 1, 3)} "
-            f"| {pm(arm['early_starved_frac_pos'], 1, 3)} | {arm['wall_s']['mean']:.0f} |"
+            f"| {arm['model']} | {arm['loss']} | {arm['setting']} | {arm['global_step']['mean']:.0f} "
+            f"| {arm['generated_tokens']['mean'] / 1e3:.0f} | {_pm(arm['before'], 100)} | {_pm(arm['after'], 100)} "
+            f"| {_pm(arm['best'], 100)} | {_pm(arm['max_drop_points'])} | {per_seed} "
+            f"| {_pm(arm['early_grad_throughput_pos'], 1, 3)} | {_pm(arm['early_grad_throughput_neg'], 1, 3)} "
+            f"| {_pm(share, 100)} / {_pm(mass, 100)} | {_pm(arm.get('early_trust_masked_frac'), 100)} "
+            f"| {arm['wall_s']['mean']:.0f} |"
         )
-    # held-out accuracy along the run: one row per arm, one column per evaluation point (same generation batches)
+    # held-out accuracy along the run: one row per arm, one column per evaluation point
     arms = list(summary["arms"].values())
     length = max(len(arm["mean_curve"]) for arm in arms)
-    tokens = [
-        statistics.fmean(arm["mean_curve"][i][0] for arm in arms if i < len(arm["mean_curve"])) for i in range(length)
-    ]
-    lines += ["", "| arm \\ generated tokens | " + " | ".join(f"{t / 1e3:.0f}k" for t in tokens) + " |"]
+    lines += ["", "| arm | " + " | ".join(f"point {i}" for i in range(length)) + " |"]
     lines.append("|---|" + "---:|" * length)
     for arm in arms:
-        cells = [f"{100 * a:.1f}" for _, a in arm["mean_curve"]] + [""] * (length - len(arm["mean_curve"]))
-        lines.append(f"| {arm['model']} {arm['loss']} R={arm['reuse']} | " + " | ".join(cells) + " |")
+        cells = [f"{100 * a:.1f} @ {t / 1e3:.0f}k" for t, a in arm["mean_curve"]]
+        cells += [""] * (length - len(cells))
+        lines.append(f"| {arm['model']} {arm['loss']} {arm['setting']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -422,40 +500,88 @@ def parse(argv=None):
     p.add_argument("--out", default="docs/benchmarks/reuse_lm", help="Output folder (JSON, plots, per-arm runs).")
     p.add_argument("--work", default="outputs/reuse_lm", help="Warm-start checkpoints, per-arm logs, scratch space.")
     p.add_argument("--models", nargs="+", default=["dense", "moe"], choices=["dense", "moe"])
-    p.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES)
-    p.add_argument("--moe_losses", nargs="+", default=[CLIPPED, "respo"], choices=LOSSES, help="Arms run on MoE.")
-    p.add_argument("--moe_reuse", nargs="+", type=int, default=[1, 4], help="Reuse factors run on MoE.")
-    p.add_argument("--reuse", nargs="+", type=int, default=[1, 2, 4])
+    p.add_argument("--losses", nargs="+", default=list(LOSSES), choices=ALL_LOSSES)
+    p.add_argument("--moe_losses", nargs="+", default=None, choices=ALL_LOSSES, help="Arms on MoE (default: --losses).")
+    p.add_argument("--reuse", nargs="*", type=int, default=[1, 2, 4], help="Epoch settings R (none: no epoch arms).")
+    p.add_argument("--staleness", nargs="*", type=int, default=[], help="Staleness settings N (the paper's reuse).")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--generations", type=int, default=60, help="Generation batches per arm (the sampling budget).")
-    p.add_argument("--eval_every", type=int, default=12, help="Held-out curve point every N generation batches.")
+    p.add_argument("--generations", type=int, default=60, help="Epoch arms: generation batches (the sampling budget).")
+    p.add_argument("--updates", type=int, default=240, help="Staleness arms: policy updates (N x fewer generations).")
+    p.add_argument("--eval_every", type=int, default=12, help="Epoch arms: held-out point every K generation batches.")
+    p.add_argument("--eval_updates", type=int, default=48, help="Staleness arms: held-out point every K updates.")
     p.add_argument("--workers", type=int, default=2, help="Arms run at once (one torch thread each).")
-    p.add_argument(
-        "--smoke", action="store_true", help="Tiny sizes for the test suite (seconds, numbers meaningless)."
-    )
+    p.add_argument("--smoke", action="store_true", help="Tiny sizes for the test suite (seconds, numbers meaningless).")
     p.add_argument("--fresh", action="store_true", help="Ignore finished arms in OUT/arms and start over.")
     p.add_argument("--markdown-from", metavar="JSON", help="Print the docs tables of an existing result and exit.")
+    p.add_argument("--summarize-from", metavar="DIR", nargs="+", help="Rebuild OUT's JSON/plots from finished arms.")
     p.add_argument("--passes-from", metavar="ARM_JSON", nargs="+", help="Print per-pass metrics of arms and exit.")
     p.add_argument("--passes-steps", type=int, default=60, help="--passes-from: first N optimizer steps.")
     p.add_argument("recipe_args", nargs="*", help="Extra recipe overrides after '--', e.g. -- --learning_rate 2e-5")
     args = p.parse_args(argv)
-    if any(r < 1 for r in args.reuse + args.moe_reuse) or args.generations < 1 or args.eval_every < 1:
-        p.error("--reuse, --moe_reuse, --generations and --eval_every must be >= 1")
+    if any(v < 1 for v in args.reuse + args.staleness) or min(args.generations, args.updates, args.eval_every,
+                                                               args.eval_updates) < 1:  # fmt: skip
+        p.error("--reuse, --staleness, --generations, --updates, --eval_every and --eval_updates must be >= 1")
+    bad = [n for n in args.staleness if args.updates % n]
+    if bad:
+        p.error(f"--updates {args.updates} must be a multiple of every --staleness value (not of {bad})")
+    if not args.reuse and not args.staleness:
+        p.error("nothing to run: give --reuse and/or --staleness values")
+    args.moe_losses = args.moe_losses or args.losses
     return args
 
 
-def main(argv=None) -> dict:
+def arm_specs(args, extra: list[str], runs_dir: Path, warm_dir: Path, scratch: Path, logs: Path) -> list[dict]:
+    settings = [(r, 1) for r in args.reuse] + [(1, n) for n in args.staleness if n > 1 or not args.reuse]
+    specs = []
+    for model in args.models:
+        losses = args.losses if model == "dense" else args.moe_losses
+        for seed in args.seeds:
+            for reuse, staleness in settings:
+                setting = setting_name(reuse, staleness)
+                if staleness == 1:
+                    steps, eval_steps = args.generations * reuse, args.eval_every * reuse
+                else:
+                    steps, eval_steps = args.updates, args.eval_updates
+                run_losses = losses
+                if (reuse, staleness) == (1, 1):  # on-policy: one run stands for every loss of SAME_ON_POLICY
+                    shared = [loss for loss in losses if loss in SAME_ON_POLICY][:1]
+                    run_losses = [loss for loss in losses if loss not in SAME_ON_POLICY] + shared
+                for loss in run_losses:
+                    specs.append({
+                        "name": arm_name(model, loss, setting, seed), "model": model, "loss": loss, "reuse": reuse,
+                        "staleness": staleness, "setting": setting, "seed": seed, "steps": steps,
+                        "eval_steps": eval_steps, "extra": extra, "warm_path": str(warm_dir / f"{model}-seed{seed}"),
+                        "runs_dir": str(runs_dir), "scratch": str(scratch), "logs_dir": str(logs),
+                    })  # fmt: skip
+    return specs
+
+
+def write_summary(results: list[dict], args, argv, out: Path) -> dict:
     from benchmarks.machine import machine_info
 
+    summary = summarize(results)
+    summary["config"] = {k: v for k, v in vars(args).items() if k not in ("fresh",)}
+    summary["machine"] = {**machine_info(), "workers": args.workers, "threads_per_worker": 1}
+    summary["command"] = "python benchmarks/reuse_lm.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "reuse_lm.json").write_text(json.dumps(summary, indent=1))
+    plots = []
+    models = sorted({arm["model"] for arm in summary["arms"].values()})
+    for model in models:
+        for kind in sorted({arm["setting"][0] for arm in summary["arms"].values() if arm["model"] == model}):
+            suffix = ("" if model == "dense" else f"_{model}") + ("" if kind == "R" else "_staleness")
+            path = out / f"reuse_lm{suffix}.png"
+            plot(summary, model, kind, path)
+            plots.append(str(path))
+    print_table(summary)
+    print(f"\nwrote {out / 'reuse_lm.json'} and {', '.join(plots)}")
+    return summary
+
+
+def main(argv=None) -> dict:
     args = parse(argv)
     if args.passes_from:
-        keys = (
-            "grad_norm",
-            "clip_ratio/region_mean",
-            "offpolicy/log_weight/min",
-            "offpolicy/ess_normalized",
-            "entropy",
-        )
+        keys = ("grad_norm", "clip_ratio/region_mean", "respo/trust_masked_frac", "offpolicy/log_weight/min", "entropy")
         print(f"{'arm':<28} {'pass':>4} " + " ".join(f"{k.split('/')[-1]:>14}" for k in keys))
         for path in args.passes_from:
             arm = json.loads(Path(path).read_text())
@@ -468,6 +594,9 @@ def main(argv=None) -> dict:
         print(markdown(summary))
         return summary
     out = Path(args.out)
+    if args.summarize_from:  # e.g. one figure from the arms of several runs (different learning rates need --out each)
+        results = [json.loads(f.read_text()) for d in args.summarize_from for f in sorted(Path(d, "arms").glob("*.json"))]
+        return write_summary(results, args, argv, out)
     work = Path(args.work)
     runs_dir, warm_dir, scratch, logs = out / "arms", work / "warm", work / "scratch", work / "logs"
     if args.fresh:
@@ -478,19 +607,7 @@ def main(argv=None) -> dict:
     # The recipe's defaults are the tiny preset; parse once here so bad overrides fail before any worker starts.
     load_recipe().parse_args(["--tiny_model", "dense", *extra])
 
-    specs = []
-    for model in args.models:
-        losses, reuses = (args.losses, args.reuse) if model == "dense" else (args.moe_losses, args.moe_reuse)
-        for seed in args.seeds:
-            for reuse in reuses:
-                for loss in losses:
-                    name = arm_name(model, loss, reuse, seed)
-                    specs.append({
-                        "name": name, "model": model, "loss": loss, "reuse": reuse, "seed": seed,
-                        "generations": args.generations, "eval_every": args.eval_every, "extra": extra,
-                        "warm_path": str(warm_dir / f"{model}-seed{seed}"), "runs_dir": str(runs_dir),
-                        "scratch": str(scratch), "logs_dir": str(logs),
-                    })  # fmt: skip
+    specs = arm_specs(args, extra, runs_dir, warm_dir, scratch, logs)
     results = {}
     for spec in specs:
         done = runs_dir / (spec["name"] + ".json")
@@ -516,20 +633,7 @@ def main(argv=None) -> dict:
                 flush=True,
             )
     shutil.rmtree(scratch, ignore_errors=True)
-
-    summary = summarize(list(results.values()))
-    summary["config"] = {k: v for k, v in vars(args).items() if k not in ("fresh",)}
-    summary["machine"] = {**machine_info(), "workers": args.workers, "threads_per_worker": 1}
-    summary["command"] = "python benchmarks/reuse_lm.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    (out / "reuse_lm.json").write_text(json.dumps(summary, indent=1))
-    plots = []
-    for model in args.models:
-        path = out / ("reuse_lm.png" if model == "dense" else f"reuse_lm_{model}.png")
-        plot(summary, model, path)
-        plots.append(str(path))
-    print_table(summary)
-    print(f"\nwrote {out / 'reuse_lm.json'} and {', '.join(plots)}")
-    return summary
+    return write_summary([results[s["name"]] for s in specs], args, argv, out)
 
 
 if __name__ == "__main__":

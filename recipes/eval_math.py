@@ -7,6 +7,11 @@
     python recipes/eval_math.py --model Qwen/Qwen3-1.7B --benchmarks math500 aime24 --n 64 \
         --temperature 0.6 --top_p 0.95 --max_new_tokens 32768 --tensor_parallel_size 2
 
+    # The ReSPO paper's protocol (AIME24/25, AMC23 x 16; MATH-500, OlympiadBench, MinervaMath x 4; temperature 1.0,
+    # top-p 0.7, 16,384 new tokens), vLLM on 1 GPU; on N GPUs add --tensor_parallel_size N:
+    python recipes/eval_math.py --model outputs/paper-qwen3-1.7b-base-respo-n32-seed0 --protocol respo-paper \\
+        --max_model_len 17408
+
     # A local JSONL/parquet file with the MATH-500 columns, on CPU with transformers (this is what the tests run):
     python recipes/eval_math.py --model path/to/snapshot --benchmarks tests/data/math500_sample.jsonl \
         --n 4 --max_new_tokens 64 --backend transformers --output_dir eval-out
@@ -15,11 +20,16 @@ Why it looks like this: users judge an RLVR checkpoint by its benchmark table, s
 graded exactly like training. Every completion is graded by ``respo_trl.grading.grade``, which calls TRL's
 ``accuracy_reward`` (the reward ReSPO trains with); the metric definitions are in ``docs/evaluation.md``.
 
-Benchmarks are named by a short name (``math500``, ``aime24``, ``aime25``, ``amc23``: see ``BENCHMARKS``), a Hub
-dataset id (``owner/name``, optionally ``owner/name:config@split``) or a local ``.jsonl``/``.json``/``.parquet``
-file. Each is mapped to the common schema ``problem``/``answer`` by looking for the usual column names (override with
-``--problem_column``/``--answer_column``). Outputs: ``eval_math.json`` (every setting, the command, versions and
-metrics), ``eval_math.md`` (the table) and, with ``--save_samples``, ``eval_math_samples.jsonl``.
+Benchmarks are named by a short name (``math500``, ``aime24``, ``aime25``, ``amc23``, ``olympiadbench``,
+``minervamath``: see ``BENCHMARKS``; ``--local_data NAME=FILE`` reads a named one from a local copy), a Hub dataset id
+(``owner/name``, optionally ``owner/name:config@split``) or a local ``.jsonl``/``.json``/``.parquet`` file. Each is
+mapped to the common schema ``problem``/``answer`` (the spec's columns, else the usual column names; override with
+``--problem_column``/``--answer_column``). ``--protocol respo-paper`` selects the paper's benchmarks, samples per
+problem, sampling and budget (``PROTOCOLS``; explicit options override it and are recorded as changes). Accuracy is
+also reported by response length in ``--length_bins`` equal-width bins over ``[0, max_new_tokens]`` (30, as the
+paper). Outputs: ``eval_math.json`` (every setting, the command, versions, metrics, length bins), ``eval_math.md``
+(the tables), ``eval_math_length_bins.png`` and, with ``--save_samples``, ``eval_math_samples.jsonl`` (every
+completion with its grade and token length).
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -39,6 +49,7 @@ logger = logging.getLogger("eval_math")
 
 DEFAULT_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
 RESULTS_JSON, RESULTS_MD, SAMPLES_JSONL = "eval_math.json", "eval_math.md", "eval_math_samples.jsonl"
+LENGTH_PLOT = "eval_math_length_bins.png"
 PROBLEM_COLUMNS = ("problem", "Problem", "question", "Question")
 ANSWER_COLUMNS = ("answer", "Answer", "expected_answer", "final_answer")
 ID_COLUMNS = ("unique_id", "id", "ID", "idx", "index")
@@ -50,6 +61,8 @@ class BenchmarkSpec:
     dataset: str  # Hub id or local file
     split: str = "test"
     config: str | None = None
+    problem_column: str | None = None  # None: the first of PROBLEM_COLUMNS present
+    answer_column: str | None = None  # None: the first of ANSWER_COLUMNS present
 
 
 BENCHMARKS = {
@@ -57,7 +70,53 @@ BENCHMARKS = {
     "aime24": BenchmarkSpec("HuggingFaceH4/aime_2024", "train"),  # id, problem, solution, answer, url, year
     "aime25": BenchmarkSpec("math-ai/aime25", "test"),  # id, problem, answer
     "amc23": BenchmarkSpec("math-ai/amc23", "test"),  # id, question, answer (numbers), url
+    # OlympiadBench's 675 English, text-only, open-ended math competition problems (OE_TO_maths_en_COMP): id, question,
+    # final_answer (a list of LaTeX strings in $...$; several for multi-answer problems), solution, context, unit, ...
+    "olympiadbench": BenchmarkSpec("math-ai/olympiadbench", "test", problem_column="question", answer_column="final_answer"),
+    # Minerva's 272 undergraduate STEM problems (OCWCourses): question, answer
+    "minervamath": BenchmarkSpec("math-ai/minervamath", "test", problem_column="question", answer_column="answer"),
 }
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A named evaluation setting: samples per problem for each benchmark, sampling, budget and prompt."""
+
+    description: str
+    samples: dict[str, int]  # benchmark -> samples per problem, in report order
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    system_prompt: str
+    prompt_template: str
+
+
+PROTOCOLS = {
+    # The ReSPO paper's evaluation (arXiv:2609.35433): AIME24/25 and AMC23 at 16 samples, the larger sets at 4,
+    # temperature 1.0, top-p 0.7, up to 16,384 response tokens, Math-Verify. Its prompt is not published: we ask as in
+    # training (the user turn of the paper's DAPO preparation, no system turn).
+    "respo-paper": Protocol(
+        description="the ReSPO paper's evaluation: AIME24, AIME25, AMC23 at 16 samples per problem; MATH-500, "
+        "OlympiadBench, MinervaMath at 4; temperature 1.0, top-p 0.7, up to 16,384 new tokens; math-verify",
+        samples={"aime24": 16, "aime25": 16, "amc23": 16, "math500": 4, "olympiadbench": 4, "minervamath": 4},
+        temperature=1.0,
+        top_p=0.7,
+        max_new_tokens=16384,
+        system_prompt="",
+        prompt_template="{problem} Please reason step by step, and put your final answer within \\boxed{}.",
+    ),
+}
+# Without --protocol: the defaults of the options below.
+DEFAULTS = dict(
+    benchmarks=["math500"],
+    n=4,
+    temperature=0.6,
+    top_p=0.95,
+    max_new_tokens=4096,
+    system_prompt=DEFAULT_SYSTEM_PROMPT,
+    prompt_template="{problem}",
+)
+LENGTH_BINS = 30  # the paper reports accuracy in 30 response-length bins
 
 
 @dataclass
@@ -102,28 +161,73 @@ def pick_column(columns, wanted: str | None, candidates: tuple[str, ...], what: 
     raise ValueError(f"{dataset}: no {what} column among {list(columns)}; pass --{what}_column")
 
 
+def answer_text(answer) -> str:
+    """A gold answer as one string: integral floats as integers (AMC), a list of answers (OlympiadBench's
+    ``final_answer``) joined by ", ", and enclosing ``$...$`` math delimiters removed (math-verify then reads the
+    boxed answer as written)."""
+    if isinstance(answer, (list, tuple)):
+        return ", ".join(answer_text(a) for a in answer)
+    if isinstance(answer, float) and answer.is_integer():
+        answer = int(answer)
+    text = str(answer).strip()
+    if len(text) >= 2 and text.startswith("$") and text.endswith("$"):
+        text = text.strip("$").strip()
+    return text
+
+
+class UsageError(ValueError):
+    """Bad input that the command line reports as one line (no traceback)."""
+
+
+def check_jsonl(path: str) -> None:
+    """Every non-empty line of ``path`` must be one JSON object; the first that is not is named with its line."""
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise UsageError(f"{path}, line {number}: not valid JSON ({error.msg}, column {error.colno})") from None
+            if not isinstance(row, dict):
+                raise UsageError(f"{path}, line {number}: expected a JSON object per line, got {type(row).__name__}")
+
+
+def check_model(model: str) -> None:
+    """A ``--model`` that is neither an existing model folder nor a Hub id fails here, in one line."""
+    path = Path(model).expanduser()
+    looks_local = model.startswith((".", "/", "~")) or path.exists() or model.count("/") != 1
+    if not looks_local:
+        return  # a Hub id: its download errors are reported by load_model_and_tokenizer
+    if not path.exists():
+        raise UsageError(f"--model {model!r}: no such directory (a local model folder, or a Hub id owner/name)")
+    if not (path / "config.json").is_file():
+        raise UsageError(f"--model {model!r}: not a model folder (no config.json); pass a training output_dir or a snapshot")
+
+
 def load_problems(spec: BenchmarkSpec, problem_column=None, answer_column=None, limit=None) -> list[Problem]:
-    """Load a benchmark into the common schema (``problem``, ``answer`` as strings, and an id)."""
+    """Load a benchmark into the common schema (``problem``, ``answer`` as strings, and an id). The spec's data source
+    is a Hub dataset or a local ``.jsonl``/``.json``/``.parquet`` file (``--local_data``), read with the spec's columns
+    unless ``problem_column``/``answer_column`` are given."""
     from datasets import load_dataset
 
     suffix = Path(spec.dataset).suffix
     if suffix in LOCAL_SUFFIXES and Path(spec.dataset).is_file():
+        if suffix == ".jsonl":
+            check_jsonl(spec.dataset)  # datasets would bury the cause in a long DatasetGenerationError
         data = load_dataset(LOCAL_SUFFIXES[suffix], data_files=spec.dataset, split="train")
     else:
         data = load_dataset(spec.dataset, spec.config, split=spec.split)
     columns = data.column_names
-    p_col = pick_column(columns, problem_column, PROBLEM_COLUMNS, "problem", spec.dataset)
-    a_col = pick_column(columns, answer_column, ANSWER_COLUMNS, "answer", spec.dataset)
+    p_col = pick_column(columns, problem_column or spec.problem_column, PROBLEM_COLUMNS, "problem", spec.dataset)
+    a_col = pick_column(columns, answer_column or spec.answer_column, ANSWER_COLUMNS, "answer", spec.dataset)
     id_col = pick_column(columns, None, ID_COLUMNS, "id", spec.dataset)
     if limit is not None:
         data = data.select(range(min(limit, len(data))))
-    problems = []
-    for i, row in enumerate(data):
-        answer = row[a_col]
-        if isinstance(answer, float) and answer.is_integer():
-            answer = int(answer)
-        problems.append(Problem(str(row[id_col]) if id_col else str(i), str(row[p_col]), str(answer)))
-    return problems
+    return [
+        Problem(str(row[id_col]) if id_col else str(i), str(row[p_col]), answer_text(row[a_col]))
+        for i, row in enumerate(data)
+    ]
 
 
 def build_prompts(
@@ -133,7 +237,7 @@ def build_prompts(
     prompts = []
     for p in problems:
         messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-        messages.append({"role": "user", "content": prompt_template.format(problem=p.problem)})
+        messages.append({"role": "user", "content": prompt_template.replace("{problem}", p.problem)})
         if tokenizer.chat_template is None:
             text = "\n\n".join(m["content"] for m in messages) + "\n\n"
         else:
@@ -169,9 +273,10 @@ def vllm_available() -> bool:
 
 def generate_transformers(
     model, tokenizer, prompts: list[str], sampling: Sampling, batch_size: int
-) -> list[list[str]]:
-    """``n`` completions per prompt with ``model.generate``: left-padded batches of ``batch_size`` sequences, prompts
-    sorted by length to limit padding, a tqdm bar counting sequences."""
+) -> list[list[tuple[str, int]]]:
+    """``n`` completions per prompt, each ``(text, tokens)``, with ``model.generate``: left-padded batches of
+    ``batch_size`` sequences, prompts sorted by length to limit padding, a tqdm bar counting sequences. ``tokens`` is
+    the generated length up to and including the end-of-sequence token (``max_new_tokens`` when cut off)."""
     import torch
     from tqdm.auto import tqdm
     from transformers import set_seed
@@ -180,7 +285,9 @@ def generate_transformers(
     device = next(model.parameters()).device
     lengths = [len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts]
     jobs = sorted(((i, j) for i in range(len(prompts)) for j in range(sampling.n)), key=lambda job: -lengths[job[0]])
-    outputs: list[list[str | None]] = [[None] * sampling.n for _ in prompts]
+    outputs: list[list[tuple[str, int] | None]] = [[None] * sampling.n for _ in prompts]
+    eos = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None else []
+    eos = torch.tensor(sorted({*(eos if isinstance(eos, list) else [eos]), tokenizer.eos_token_id} - {None}))
     sample = sampling.temperature > 0
     kwargs = dict(max_new_tokens=sampling.max_new_tokens, do_sample=sample, pad_token_id=tokenizer.pad_token_id)
     if sample:
@@ -195,9 +302,12 @@ def generate_transformers(
             ).to(device)
             with torch.no_grad():
                 generated = model.generate(**encoded, **kwargs)
-            texts = tokenizer.batch_decode(generated[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
-            for (i, j), text in zip(chunk, texts, strict=True):
-                outputs[i][j] = text
+            new_tokens = generated[:, encoded["input_ids"].shape[1] :]
+            texts = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+            ended = torch.isin(new_tokens, eos.to(new_tokens.device))
+            first_end = torch.where(ended.any(dim=1), ended.int().argmax(dim=1) + 1, new_tokens.shape[1])
+            for (i, j), text, length in zip(chunk, texts, first_end.tolist(), strict=True):
+                outputs[i][j] = (text, int(length))
             bar.update(len(chunk))
     return outputs
 
@@ -218,9 +328,10 @@ def load_vllm(args, seed: int):
     )
 
 
-def generate_vllm(llm, tokenizer, prompts: list[str], sampling: Sampling) -> list[list[str]]:
-    """``n`` completions per prompt with vLLM's offline ``LLM.generate`` (its own tqdm bar). Prompts are passed as
-    token ids, as TRL does, so the chat template's tokens are not re-tokenised with extra special tokens."""
+def generate_vllm(llm, tokenizer, prompts: list[str], sampling: Sampling) -> list[list[tuple[str, int]]]:
+    """``n`` completions per prompt, each ``(text, tokens)``, with vLLM's offline ``LLM.generate`` (its own tqdm bar).
+    Prompts are passed as token ids, as TRL does, so the chat template's tokens are not re-tokenised with extra special
+    tokens; ``tokens`` is ``len(output.token_ids)`` (the end-of-sequence token included when generated)."""
     from vllm import SamplingParams
 
     params = SamplingParams(
@@ -234,7 +345,19 @@ def generate_vllm(llm, tokenizer, prompts: list[str], sampling: Sampling) -> lis
     )
     requests = [{"prompt_token_ids": tokenizer(p, add_special_tokens=False).input_ids} for p in prompts]
     results = llm.generate(requests, sampling_params=params, use_tqdm=True)
-    return [[completion.text for completion in result.outputs] for result in results]
+    return [[(completion.text, len(completion.token_ids)) for completion in result.outputs] for result in results]
+
+
+def split_generated(generated, tokenizer) -> tuple[list[list[str]], list[list[int]]]:
+    """Texts and token lengths from a backend's output. A ``generate`` callable may return plain strings (the tests'
+    canned completions); their length is then the number of tokens the tokenizer gives the text (no special tokens)."""
+    texts, lengths = [], []
+    for row in generated:
+        texts.append([c if isinstance(c, str) else c[0] for c in row])
+        lengths.append(
+            [len(tokenizer(c, add_special_tokens=False).input_ids) if isinstance(c, str) else int(c[1]) for c in row]
+        )
+    return texts, lengths
 
 
 def load_transformers_model(args):
@@ -263,17 +386,21 @@ def load_tokenizer(args):
 # -- scoring and reports ---------------------------------------------------------------------------------------------------
 
 
-def score_benchmark(label: str, spec: BenchmarkSpec, problems: list[Problem], completions: list[list[str]], ks):
-    """Grade every sample with the training reward and reduce to the benchmark's metrics and per-sample records."""
+def score_benchmark(
+    label: str, spec: BenchmarkSpec, problems: list[Problem], completions: list[list[str]], ks, lengths=None
+):
+    """Grade every sample with the training reward and reduce to the benchmark's metrics and per-sample records
+    (with each sample's response length in tokens when ``lengths`` is given)."""
     from tqdm.auto import tqdm
 
     from respo_trl.grading import aggregate, gold_solution, grade, problem_metrics
 
     per_problem, samples, skipped = [], [], []
+    lengths = lengths if lengths is not None else [[None] * len(texts) for texts in completions]
     graded = tqdm(
-        zip(problems, completions, strict=True), total=len(problems), desc=f"grading {label}", unit="problem"
+        zip(problems, completions, lengths, strict=True), total=len(problems), desc=f"grading {label}", unit="problem"
     )
-    for problem, texts in graded:
+    for problem, texts, tokens in graded:
         grades = grade(texts, [gold_solution(problem.answer)] * len(texts))
         if any(g.reward is None for g in grades):  # gold answer unparseable: the training reward skips it too
             skipped.append(problem.uid)
@@ -288,9 +415,10 @@ def score_benchmark(label: str, spec: BenchmarkSpec, problems: list[Problem], co
                 "answer": problem.answer,
                 "parsed": g.answer,
                 "correct": g.correct,
+                "tokens": length,
                 "completion": text,
             }
-            for j, (g, text) in enumerate(zip(grades, texts))
+            for j, (g, text, length) in enumerate(zip(grades, texts, tokens))
         )
     if skipped:
         logger.warning(f"{label}: {len(skipped)} problem(s) skipped, gold answer not parseable: {skipped[:10]}")
@@ -302,6 +430,9 @@ def score_benchmark(label: str, spec: BenchmarkSpec, problems: list[Problem], co
         **aggregate(per_problem),
     }
     row["skipped"] = skipped
+    counted = [s["tokens"] for s in samples if s["tokens"] is not None]
+    if counted:
+        row["mean_tokens"] = sum(counted) / len(counted)
     return row, samples
 
 
@@ -326,20 +457,69 @@ def default_output_dir(model: str) -> str:
     return os.path.join("eval_math", model.rstrip("/").split("/")[-1])
 
 
+def plot_length_bins(report: dict, path: str) -> str:
+    """Accuracy by response-length bin (line, left axis) over the number of samples in each bin (bars, right axis),
+    every benchmark pooled, plus one thin line per benchmark."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bins = report["length_bins"]
+    rows = bins["all"]
+    centers = [(r["lo"] + r["hi"]) / 2 for r in rows]
+    width = rows[0]["hi"] - rows[0]["lo"]
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    counts = ax.twinx()
+    counts.bar(centers, [r["samples"] for r in rows], width=0.9 * width, color="0.85", zorder=0)
+    counts.set_ylabel("samples in bin")
+    ax.set_zorder(counts.get_zorder() + 1)
+    ax.patch.set_visible(False)
+    for label, per in bins["by_benchmark"].items():
+        ax.plot(
+            [(r["lo"] + r["hi"]) / 2 for r in per if r["accuracy"] is not None],
+            [100 * r["accuracy"] for r in per if r["accuracy"] is not None],
+            lw=0.8, alpha=0.6, label=label,
+        )  # fmt: skip
+    ax.plot(
+        [c for c, r in zip(centers, rows) if r["accuracy"] is not None],
+        [100 * r["accuracy"] for r in rows if r["accuracy"] is not None],
+        "o-", color="black", lw=2, ms=4, label="all benchmarks",
+    )  # fmt: skip
+    ax.set_xlim(0, bins["max_new_tokens"])
+    ax.set_ylim(-2, 102)
+    ax.set_xlabel(f"response length (tokens), {bins['bins']} equal-width bins")
+    ax.set_ylabel("accuracy (%)")
+    protocol = report.get("protocol") or {}
+    ax.set_title(f"{report['model']}: accuracy by response length" + (f" ({protocol['name']})" if protocol else ""))
+    ax.legend(fontsize=7, loc="upper right", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_report(report: dict, samples: list[dict], output_dir: str, save_samples: bool) -> None:
-    from respo_trl.grading import results_table
+    from respo_trl.grading import generation_summary, length_bins_table, results_table
 
     os.makedirs(output_dir, exist_ok=True)
+    bins = report.get("length_bins")
+    if bins:
+        bins["plot"] = os.path.basename(plot_length_bins(report, os.path.join(output_dir, LENGTH_PLOT)))
     with open(os.path.join(output_dir, RESULTS_JSON), "w") as f:
         json.dump(report, f, indent=2)
-    g = report["generation"]
-    header = (
-        f"`{report['model']}`, {g['n']} samples per problem, temperature {g['temperature']}, top-p {g['top_p']}, "
-        f"max {g['max_new_tokens']} new tokens, {report['backend']}. Percentages; avg@n ± its standard error over "
-        "problems.\n\n"
+    text = (
+        f"`{report['model']}`. {generation_summary(report)} avg@n ± its standard error over problems.\n\n"
+        + results_table(report)
     )
+    if bins:
+        text += (
+            f"\n\n## Accuracy by response length\n\nAll benchmarks pooled: {bins['definition']}.\n\n"
+            + length_bins_table(bins["all"])
+            + f"\n\n![accuracy by response length]({bins['plot']})"
+        )
     with open(os.path.join(output_dir, RESULTS_MD), "w") as f:
-        f.write(header + results_table(report) + f"\n\nCommand: `{report['command']}`\n")
+        f.write(text + f"\n\nCommand: `{report['command']}`\n")
     if save_samples:
         with open(os.path.join(output_dir, SAMPLES_JSONL), "w") as f:
             f.writelines(json.dumps(record) + "\n" for record in samples)
@@ -357,19 +537,44 @@ def parse_args(argv=None):
     )
     parser.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) of --model")
     parser.add_argument(
-        "--benchmarks", nargs="+", default=["math500"], help=f"short names {sorted(BENCHMARKS)}, Hub ids or files"
+        "--protocol",
+        choices=sorted(PROTOCOLS),
+        default=None,
+        help="a named evaluation protocol: 'respo-paper' is the ReSPO paper's (AIME24/25, AMC23 x 16 samples; "
+        "MATH-500, OlympiadBench, MinervaMath x 4; temperature 1.0, top-p 0.7, 16,384 new tokens). Options given "
+        "explicitly override it and are listed as changes in the report and the model card",
     )
-    parser.add_argument("--n", type=int, default=4, help="samples per problem")
-    parser.add_argument("--temperature", type=float, default=0.6, help="0 means greedy (then use --n 1)")
-    parser.add_argument("--top_p", type=float, default=0.95)
+    parser.add_argument(
+        "--benchmarks",
+        nargs="+",
+        default=None,
+        help=f"short names {sorted(BENCHMARKS)}, Hub ids or files (default: the protocol's, else math500)",
+    )
+    parser.add_argument(
+        "--local_data",
+        nargs="*",
+        default=[],
+        metavar="NAME=PATH",
+        help="read a named benchmark from a local .jsonl/.json/.parquet copy with the Hub columns (offline machines), "
+        "e.g. olympiadbench=data/olympiadbench.jsonl",
+    )
+    parser.add_argument("--n", type=int, default=None, help="samples per problem (default: the protocol's, else 4)")
+    parser.add_argument("--temperature", type=float, default=None, help="0 means greedy (default 0.6)")
+    parser.add_argument("--top_p", type=float, default=None, help="default 0.95")
     parser.add_argument("--top_k", type=int, default=0, help="0 disables top-k (TRL's default)")
-    parser.add_argument("--max_new_tokens", type=int, default=4096)
+    parser.add_argument("--max_new_tokens", type=int, default=None, help="default 4096")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--ks", type=int, nargs="*", default=None, help="k for pass@k (default: powers of two < n, and n)"
     )
-    parser.add_argument("--system_prompt", default=DEFAULT_SYSTEM_PROMPT, help="'' for no system turn")
-    parser.add_argument("--prompt_template", default="{problem}", help="user turn; {problem} is replaced")
+    parser.add_argument(
+        "--length_bins",
+        type=int,
+        default=LENGTH_BINS,
+        help="equal-width response-length bins over [0, max_new_tokens] for accuracy by length (0: none)",
+    )
+    parser.add_argument("--system_prompt", default=None, help="'' for no system turn (default: a \\boxed{} request)")
+    parser.add_argument("--prompt_template", default=None, help="user turn; {problem} is replaced (default {problem})")
     parser.add_argument(
         "--chat_template_kwargs", type=json.loads, default={}, help="JSON, e.g. '{\"enable_thinking\": false}'"
     )
@@ -389,29 +594,87 @@ def parse_args(argv=None):
     )
     parser.add_argument("--save_samples", action="store_true", help=f"also write every completion to {SAMPLES_JSONL}")
     args = parser.parse_args(argv)
-    if args.n < 1:
+    args.local_data = dict(parse_local_data(item, parser) for item in args.local_data)
+    resolve_protocol(args, parser)
+    if args.n is not None and args.n < 1:
         parser.error("--n must be >= 1")
-    if args.temperature == 0 and args.n > 1:
+    if args.length_bins < 0:
+        parser.error("--length_bins must be >= 0")
+    if args.temperature == 0 and max(args.samples.values(), default=args.n or 1) > 1:
         logger.warning("--temperature 0 is greedy decoding: the n samples of a problem are identical")
     return args
+
+
+def parse_local_data(item: str, parser) -> tuple[str, str]:
+    name, sep, path = item.partition("=")
+    if not sep or name not in BENCHMARKS:
+        parser.error(f"--local_data takes NAME=PATH with NAME one of {sorted(BENCHMARKS)}, got {item!r}")
+    if not Path(path).is_file() or Path(path).suffix not in LOCAL_SUFFIXES:
+        parser.error(f"--local_data {name}: {path!r} is not a .jsonl/.json/.parquet file")
+    return name, path
+
+
+def resolve_protocol(args, parser) -> None:
+    """Fill the unset options from ``--protocol`` (or the defaults) and record what was changed from the protocol.
+
+    Sets ``args.samples`` (benchmark -> samples per problem) and ``args.protocol_report`` (``None`` without a protocol).
+    """
+    protocol = PROTOCOLS.get(args.protocol)
+    changed = []
+    for name in ("temperature", "top_p", "max_new_tokens", "system_prompt", "prompt_template"):
+        given = getattr(args, name)
+        reference = getattr(protocol, name) if protocol else DEFAULTS[name]
+        if given is None:
+            setattr(args, name, reference)
+        elif protocol and given != reference:
+            changed.append(f"{name}={given!r}")
+    if args.benchmarks is None:
+        args.benchmarks = list(protocol.samples) if protocol else list(DEFAULTS["benchmarks"])
+    elif protocol and args.benchmarks != list(protocol.samples):
+        changed.append(f"benchmarks={' '.join(args.benchmarks)}")
+    args.samples = {}
+    for name in args.benchmarks:
+        if args.n is not None:
+            args.samples[name] = args.n
+            if protocol and name in protocol.samples and args.n != protocol.samples[name]:
+                changed.append(f"n={args.n} on {name}")
+        elif protocol:
+            if name not in protocol.samples:
+                parser.error(f"{name!r} is not a benchmark of --protocol {args.protocol}: pass --n for it")
+            args.samples[name] = protocol.samples[name]
+        else:
+            args.samples[name] = DEFAULTS["n"]
+    if protocol and args.limit is not None:
+        changed.append(f"limit={args.limit}")
+    args.protocol_report = (
+        {"name": args.protocol, "description": protocol.description, "changed": changed} if protocol else None
+    )
 
 
 def main(argv=None, generate=None) -> dict:
     """Run the evaluation; returns the report written to ``eval_math.json``.
 
-    ``generate(prompts, sampling) -> completions`` replaces the model call (the tests use it to feed known answers).
+    ``generate(prompts, sampling) -> completions`` replaces the model call (the tests use it to feed known answers);
+    each completion is a text or a ``(text, tokens)`` pair.
     """
     args = parse_args(argv)
-    from respo_trl.grading import default_ks
+    from respo_trl.grading import LENGTH_BINS_DEFINITION, default_ks, length_bins
 
-    sampling = Sampling(args.n, args.temperature, args.top_p, args.top_k, args.max_new_tokens, args.seed)
-    ks = sorted({k for k in (args.ks or default_ks(args.n)) if 1 <= k <= args.n} | {1})
     backend = args.backend
     if backend == "auto":
         backend = "vllm" if vllm_available() else "transformers"
     if generate is not None:
         backend = "custom"
-    tokenizer = load_tokenizer(args)
+    check_model(args.model)
+    for name in args.benchmarks:  # local files are read before any model is loaded: bad input fails in seconds
+        path = args.local_data.get(name) or resolve_benchmark(name)[1].dataset
+        if str(path).endswith(".jsonl") and Path(path).is_file():
+            check_jsonl(path)
+    try:
+        tokenizer = load_tokenizer(args)
+    except OSError as error:  # a Hub id that cannot be fetched (offline, private, misspelt)
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError(f"--model {args.model!r}: cannot load its tokenizer: {first}") from None
     if generate is None:
         if backend == "transformers":
             model = load_transformers_model(args)
@@ -424,26 +687,34 @@ def main(argv=None, generate=None) -> dict:
     started = time.time()
     for name in args.benchmarks:
         label, spec = resolve_benchmark(name)
+        if name in args.local_data:
+            spec = replace(spec, dataset=args.local_data[name])
+        n = args.samples[name]
+        sampling = Sampling(n, args.temperature, args.top_p, args.top_k, args.max_new_tokens, args.seed)
+        ks = sorted({k for k in (args.ks or default_ks(n)) if 1 <= k <= n} | {1})
         problems = load_problems(spec, args.problem_column, args.answer_column, args.limit)
-        logger.info(f"{label}: {len(problems)} problems x {args.n} samples ({backend})")
+        logger.info(f"{label}: {len(problems)} problems x {n} samples ({backend})")
         prompts = build_prompts(
             tokenizer, problems, args.system_prompt, args.prompt_template, args.chat_template_kwargs
         )
-        completions = generate(prompts, sampling)
-        row, samples = score_benchmark(label, spec, problems, completions, ks)
+        texts, lengths = split_generated(generate(prompts, sampling), tokenizer)
+        row, samples = score_benchmark(label, spec, problems, texts, ks, lengths)
         rows.append(row)
         all_samples.extend(samples)
 
     command = shlex.join(["python", "recipes/eval_math.py", *(sys.argv[1:] if argv is None else argv)])
     from respo_trl.hub.card import weights_fingerprint
 
+    samples_per_problem = {row["benchmark"]: row["n"] for row in rows}
+    uniform = len(set(samples_per_problem.values())) == 1 and not args.protocol_report
     report = {
         "model": args.model,
         "revision": args.revision,
         "weights_sha256": weights_fingerprint(args.model),  # lets a model card check these are its weights
         "backend": backend,
+        "protocol": args.protocol_report,
         "generation": {
-            "n": args.n,
+            "n": next(iter(samples_per_problem.values())) if uniform else samples_per_problem,
             "temperature": args.temperature,
             "top_p": args.top_p,
             "top_k": args.top_k,
@@ -460,6 +731,20 @@ def main(argv=None, generate=None) -> dict:
         "seconds": round(time.time() - started, 1),
         "versions": package_versions(),
     }
+    if args.length_bins:
+        cap, count = args.max_new_tokens, args.length_bins
+
+        def bins_of(records):
+            return length_bins([s["tokens"] for s in records], [s["correct"] for s in records], cap, count)
+
+        report["length_bins"] = {
+            "bins": count,
+            "max_new_tokens": cap,
+            "definition": LENGTH_BINS_DEFINITION.format(bins=count, max_tokens=cap, width=cap / count),
+            "all": bins_of(all_samples),
+            "by_benchmark": {row["benchmark"]: bins_of([s for s in all_samples if s["benchmark"] == row["benchmark"]])
+                             for row in rows},
+        }  # fmt: skip
     output_dir = args.output_dir or default_output_dir(args.model)
     write_report(report, all_samples, output_dir, args.save_samples)
     from respo_trl.grading import results_table
@@ -472,4 +757,7 @@ def main(argv=None, generate=None) -> dict:
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-    main()
+    try:
+        main()
+    except (UsageError, FileNotFoundError) as error:
+        sys.exit(f"eval_math.py: error: {error}")

@@ -22,19 +22,31 @@ Launch lines (presets in recipes/configs/, launch configs in recipes/accelerate/
 
     # 1 GPU: Qwen3-0.6B, vLLM colocated
     accelerate launch --config_file recipes/accelerate/ddp.yaml --num_processes 1 recipes/qwen3_respo.py \\
-        --preset qwen3-0.6b
+        --preset qwen3-0.6b-epochs4
 
     # 8 GPUs on one node: Qwen3-4B with DeepSpeed ZeRO-2; Qwen3-8B with ZeRO-3 or FSDP2
-    accelerate launch --config_file recipes/accelerate/zero2.yaml recipes/qwen3_respo.py --preset qwen3-4b
-    accelerate launch --config_file recipes/accelerate/zero3.yaml recipes/qwen3_respo.py --preset qwen3-8b
+    accelerate launch --config_file recipes/accelerate/zero2.yaml recipes/qwen3_respo.py --preset qwen3-4b-epochs4
+    accelerate launch --config_file recipes/accelerate/zero3.yaml recipes/qwen3_respo.py --preset qwen3-8b-epochs4
 
     # multi-node, 2 x 8 GPUs: run on every node with its rank
     accelerate launch --config_file recipes/accelerate/multinode_zero3.yaml \\
         --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR --main_process_port 29500 \\
-        recipes/qwen3_respo.py --preset qwen3-30b-a3b
+        recipes/qwen3_respo.py --preset qwen3-30b-a3b-epochs4
 
     # resume an interrupted run (the rollout-reuse buffer is restored from the checkpoint)
-    accelerate launch ... recipes/qwen3_respo.py --preset qwen3-4b --resume_from_checkpoint true
+    accelerate launch ... recipes/qwen3_respo.py --preset qwen3-4b-epochs4 --resume_from_checkpoint true
+
+    # the ReSPO paper's runs (Base models, staleness N = 8/16/32, 1,024 updates) on 8 GPUs; a baseline is one flag
+    accelerate launch --config_file recipes/accelerate/zero2.yaml recipes/qwen3_respo.py \\
+        --preset paper-qwen3-1.7b-base --updates_per_rollout 32                 # ReSPO, N = 32
+    accelerate launch --config_file recipes/accelerate/zero2.yaml recipes/qwen3_respo.py \\
+        --preset paper-qwen3-1.7b-base --updates_per_rollout 32 --algorithm gspo   # or grpo, vespo
+    accelerate launch --config_file recipes/accelerate/zero3.yaml recipes/qwen3_respo.py \\
+        --preset paper-qwen3-30b-a3b-base --updates_per_rollout 16
+    # on 2 nodes x 8 GPUs the same preset keeps the paper's 256 completions per update (accumulation is derived)
+    accelerate launch --config_file recipes/accelerate/multinode_zero3.yaml \\
+        --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR --main_process_port 29500 \\
+        recipes/qwen3_respo.py --preset paper-qwen3-30b-a3b-base --updates_per_rollout 32
 """
 
 from __future__ import annotations
@@ -54,6 +66,26 @@ BUILTIN_PREFIX = "builtin:"
 BUILTIN_TASKS = ("arithmetic",)
 EVAL_MODES = ("greedy", "sampled", "none")
 TINY_MODELS = ("dense", "moe")
+# The presets before the paper's runs were added, renamed so nobody takes them for the paper's setup.
+RENAMED_PRESETS = {f"qwen3-{size}": f"qwen3-{size}-epochs4" for size in ("0.6b", "1.7b", "4b", "8b", "14b", "30b-a3b")}
+# DAPO-Math-17k's instruction around every problem (it asks for an "Answer:" line); the paper's data preparation
+# removes it and asks for \boxed{} instead (--strip_dapo_instruction, --prompt_template).
+DAPO_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+)
+DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
+# --algorithm: the paper's comparison as one switch, each entry in TRL's own terms (docs/recipes.md, section 4).
+ALGORITHMS = {
+    "respo": {"loss_type": "respo", "importance_sampling_level": "token"},
+    # GRPO with token-level clipping, epsilon 0.2 both sides, token-mean aggregation over the global batch
+    "grpo": {"loss_type": "dapo", "importance_sampling_level": "token", "epsilon": 0.2, "epsilon_high": 0.2},
+    # GSPO as TRL documents it (paper index): sequence-level ratio (length-normalised), sequence clip 3e-4 / 4e-4
+    "gspo": {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4},
+    # VESPO with TRL's defaults (vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg)
+    "vespo": {"loss_type": "vespo", "importance_sampling_level": "token"},
+}
+SOFT_OVERLONG = "soft_overlong"
 
 if __package__ in (None, "") and str(RECIPES_DIR.parent) not in sys.path:
     sys.path.insert(0, str(RECIPES_DIR.parent))  # run from a checkout without `pip install -e .`
@@ -75,7 +107,7 @@ class RecipeArguments:
 
     preset: str | None = field(
         default=None,
-        metadata={"help": "Name of a YAML preset in recipes/configs/ (e.g. 'qwen3-4b'); same as --config <path>."},
+        metadata={"help": "Name of a YAML preset in recipes/configs/ (e.g. 'paper-qwen3-1.7b-base' or 'qwen3-4b-epochs4'); same as --config <path>."},
     )
     # -- data -------------------------------------------------------------------------------------------------------
     dataset_name: str = field(
@@ -104,6 +136,30 @@ class RecipeArguments:
     eval_answer_column: str = field(default="answer", metadata={"help": "Answer column of eval_dataset_name."})
     system_prompt: str | None = field(
         default=None, metadata={"help": "Optional system message prepended to every prompt (train and held-out)."}
+    )
+    prompt_template: str = field(
+        default="{problem}",
+        metadata={
+            "help": "User turn built from a text prompt column (train and held-out); {problem} is replaced by the "
+            "problem. The paper presets: '{problem} Please reason step by step, and put your final answer within "
+            "\\boxed{}.'"
+        },
+    )
+    strip_dapo_instruction: bool = field(
+        default=False,
+        metadata={
+            "help": "Remove DAPO-Math-17k's instruction around each problem ('Solve the following math problem step by "
+            "step. The last line of your response should be of the form Answer: $Answer ...' and 'Remember to put your "
+            "answer on its own line after \"Answer:\".') before prompt_template is applied, as the paper's data "
+            "preparation does (it asks for \\boxed{} instead)."
+        },
+    )
+    max_prompt_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Drop training problems whose chat-formatted prompt is longer than this many tokens (the paper: "
+            "1,024, verl's filter_overlong_prompts); the count is reported. TRL 1.16 has no prompt-length setting."
+        },
     )
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Keep only the first N training rows (smoke tests)."}
@@ -164,7 +220,45 @@ class RecipeArguments:
         metadata={
             "help": "Reward functions: 'accuracy' (trl.rewards.accuracy_reward, math-verify), 'reasoning_accuracy' "
             "(the same on the text after </think>), 'format' (one \\boxed{} answer), 'think_format' "
-            "(trl.rewards.think_format_reward) or a dotted import path. Weights: --reward_weights."
+            "(trl.rewards.think_format_reward), 'dapo_accuracy' (+1 correct / -1 otherwise, math-verify; verl's DAPO "
+            "reward, the paper's), 'soft_overlong' (trl.rewards.get_soft_overlong_punishment, see soft_overlong_cache) "
+            "or a dotted import path. Weights: --reward_weights."
+        },
+    )
+    soft_overlong_cache: int = field(
+        default=0,
+        metadata={
+            "help": "Ramp length of the 'soft_overlong' reward, built as trl.rewards.get_soft_overlong_punishment("
+            "max_completion_length, soft_overlong_cache): 0 up to max_completion_length - soft_overlong_cache tokens, "
+            "then falling linearly to -1 at max_completion_length (the paper's 30B runs: 4,096 of 8,192)."
+        },
+    )
+    # -- the paper's batch contract and its comparison (paper-* presets) -----------------------------------------------
+    prompts_per_update: int | None = field(
+        default=None,
+        metadata={
+            "help": "The paper's mini-batch M: prompts per optimizer update (32; x num_generations completions). When "
+            "set, per_device_train_batch_size x processes x gradient_accumulation_steps must equal M x num_generations "
+            "on the launch's process count: gradient_accumulation_steps is derived for that count unless given on the "
+            "command line, and what does not divide fails before any model loads."
+        },
+    )
+    updates_per_rollout: int | None = field(
+        default=None,
+        metadata={
+            "help": "The paper's staleness N (8, 16 or 32): optimizer updates fed by one rollout batch of N x M "
+            "prompts, each sample used once (num_iterations = 1); mini-batch k is k updates stale. Sets TRL's "
+            "steps_per_generation = N x gradient_accumulation_steps."
+        },
+    )
+    algorithm: str | None = field(
+        default=None,
+        metadata={
+            "help": "The paper's comparison as one switch: 'respo', 'grpo' (loss_type='dapo': token-level clip, epsilon "
+            "0.2, token-mean), 'gspo' (loss_type='grpo', importance_sampling_level='sequence', epsilon 3e-4/4e-4, as "
+            "TRL documents GSPO) or 'vespo' (TRL's VESPO defaults). Sets those TRL fields (an explicit conflicting "
+            "flag is an error); unset leaves loss_type as given.",
+            "choices": [*ALGORITHMS, None],
         },
     )
     # -- held-out evaluation ------------------------------------------------------------------------------------------
@@ -191,6 +285,15 @@ class RecipeArguments:
     heldout_curve_size: int | None = field(
         default=None, metadata={"help": "Held-out problems used for the in-training points (None = all)."}
     )
+    keep_best_heldout: bool = field(
+        default=False,
+        metadata={
+            "help": "Greedy mode with heldout_eval_steps: save the weights at the best in-training held-out point to "
+            "output_dir/best-heldout and measure them on the whole held-out set at the end, so the report shows the "
+            "best and the final checkpoint (RL curves on small models can peak before the last step). Without "
+            "in-training points it does nothing."
+        },
+    )
     # -- the launch this preset was sized for -------------------------------------------------------------------------
     expected_num_processes: int | None = field(
         default=None,
@@ -202,6 +305,13 @@ class RecipeArguments:
     compact_progress: bool = field(
         default=True,
         metadata={"help": "One progress bar with reward/accuracy instead of printing every log dict."},
+    )
+    dry_run: int = field(
+        default=0,
+        metadata={
+            "help": "Check the configuration as it would run on this many processes, print the batch arithmetic in "
+            "TRL's and the paper's terms, and exit without loading a model, tokenizer or dataset (0: train)."
+        },
     )
 
 
@@ -227,6 +337,11 @@ def resolve_argv(argv: list[str]) -> list[str]:
         name = name.removesuffix(".yaml")
         path = CONFIGS_DIR / f"{name}.yaml"
         if not path.is_file():
+            if name in RENAMED_PRESETS:
+                raise SystemExit(
+                    f"preset {name!r} was renamed {RENAMED_PRESETS[name]!r} (R = 4 epochs on the post-trained model); "
+                    "the ReSPO paper's runs are paper-qwen3-1.7b-base and paper-qwen3-30b-a3b-base"
+                )
             raise SystemExit(f"unknown preset {name!r}; available presets: {', '.join(available_presets())}")
         if "--config" in argv:
             raise SystemExit("pass either --preset or --config, not both")
@@ -241,21 +356,184 @@ def resolve_argv(argv: list[str]) -> list[str]:
     return argv
 
 
-def make_parser() -> TrlParser:
-    return TrlParser((RecipeArguments, ReSPOConfig, ModelConfig))
+def make_parser(config_class=ReSPOConfig) -> TrlParser:
+    return TrlParser((RecipeArguments, config_class, ModelConfig))
 
 
-def parse_args(argv: list[str] | None = None):
-    """(script_args, training_args, model_args) from a preset/config plus overrides; unknown keys are errors."""
+@dataclass
+class UncheckedConfig(ReSPOConfig):
+    """``ReSPOConfig``'s fields exactly as the preset and the command line give them, with no validation and no
+    derived values: the first parsing pass reads the paper's contract from it (TRL's checks run on the second pass,
+    on the fields the contract derives, not on a preset's values sized for another process count)."""
+
+    def __post_init__(self):
+        pass
+
+
+def parse_args(argv: list[str] | None = None, num_processes: int | None = None):
+    """(script_args, training_args, model_args) from a preset/config plus overrides; unknown keys are errors.
+
+    Presets with the paper's batch contract (``prompts_per_update``, ``updates_per_rollout``) or an ``--algorithm``
+    are parsed twice: the first pass reads them, :func:`derived_overrides` turns them into TRL fields for
+    ``num_processes`` processes (default: the launch's), and the second pass builds the configs with those fields, so
+    every value goes through ``ReSPOConfig``'s own validation. ``num_processes`` lets tests size a preset for 8 GPUs.
+    """
     argv = resolve_argv(sys.argv[1:] if argv is None else argv)
-    script_args, training_args, model_args = make_parser().parse_args_and_config(argv)
-    validate_args(script_args, training_args, model_args)
+    script_args, raw, _ = make_parser(UncheckedConfig).parse_args_and_config(argv)
+    planned = num_processes or script_args.dry_run or int(os.environ.get("WORLD_SIZE", "1"))  # set by launchers
+    extra = derived_overrides(script_args, raw, explicit_flags(argv), planned)
+    script_args, training_args, model_args = make_parser().parse_args_and_config([*argv, *extra])
+    validate_args(script_args, training_args, model_args, num_processes=num_processes or script_args.dry_run or None)
     return script_args, training_args, model_args
 
 
-def validate_args(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: ModelConfig) -> None:
-    """Cheap checks with clear messages, before any model or dataset is loaded."""
-    from respo_trl.demo.rewards import ACCURACY_REWARDS, resolve_reward
+def batch_plan(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: ModelConfig) -> str:
+    """What ``--dry_run P`` prints: the run's batch arithmetic on P processes, in TRL's terms and in the paper's."""
+    processes = script_args.dry_run or training_args.world_size
+    batch = check_batch_arithmetic(training_args, processes)
+    rows = [
+        ("model", model_args.model_name_or_path or f"tiny {script_args.tiny_model}"),
+        ("algorithm (loss_type)", f"{script_args.algorithm or training_args.loss_type} ({training_args.loss_type})"),
+        ("processes", processes),
+        ("per_device_train_batch_size", training_args.per_device_train_batch_size),
+        ("gradient_accumulation_steps", training_args.gradient_accumulation_steps),
+        ("steps_per_generation", training_args.steps_per_generation),
+        ("num_iterations", training_args.num_iterations),
+        ("generation batch (completions)", batch["generation_batch_size"]),
+        ("prompts per rollout batch", batch["prompts_per_generation"]),
+        ("completions per update", batch["completions_per_update"]),
+        ("prompts per update (M)", batch["prompts_per_update"]),
+        ("updates per rollout batch (N)", batch["updates_per_rollout"]),
+        ("total updates (max_steps)", batch["total_updates"]),
+        ("rollout batches", batch["rollout_batches"]),
+        ("output_dir", training_args.output_dir),
+    ]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def explicit_flags(argv: list[str]) -> set[str]:
+    """Names of the options given on the command line (``--name value`` or ``--name=value``)."""
+    return {a[2:].split("=", 1)[0] for a in argv if a.startswith("--")}
+
+
+def derived_overrides(script_args, training_args, explicit: set[str], num_processes: int) -> list[str]:
+    """The TRL fields implied by ``--algorithm`` and by the paper's batch contract, as extra command-line arguments.
+
+    The contract: a mini-batch of ``M = prompts_per_update`` prompts x ``G = num_generations`` completions per
+    optimizer update (``per_device_train_batch_size x processes x gradient_accumulation_steps = M x G``) and
+    ``N = updates_per_rollout`` updates per rollout batch (``steps_per_generation = N x gradient_accumulation_steps``,
+    ``num_iterations = 1``). ``gradient_accumulation_steps`` is derived for ``num_processes`` unless given on the command
+    line; an explicit value (or batch size) that breaks the contract is a ``ValueError`` naming the fields and the fix.
+    An ``output_dir`` holding ``{algorithm}``, ``{n}`` or ``{seed}`` is filled in.
+    """
+    extra: list[str] = []
+    values = {}
+    if script_args.algorithm is not None:
+        if script_args.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {sorted(ALGORITHMS)}, got {script_args.algorithm!r}")
+        for key, value in ALGORITHMS[script_args.algorithm].items():
+            current = getattr(training_args, key)
+            if key in explicit and current != value:
+                raise ValueError(
+                    f"--algorithm {script_args.algorithm} sets {key}={value!r} but the command line also sets "
+                    f"{key}={current!r}: drop --{key} (or --algorithm, and set the TRL fields yourself)"
+                )
+            values[key] = value
+    contract = script_args.prompts_per_update is not None or script_args.updates_per_rollout is not None
+    if contract:
+        values.update(paper_batch_fields(script_args, training_args, explicit, num_processes))
+        n = values.pop("updates_per_rollout", None)  # a recipe argument, not a config field
+        if n is not None and n != script_args.updates_per_rollout:
+            extra += ["--updates_per_rollout", str(n)]
+    if "{" in (training_args.output_dir or ""):
+        accumulation = values.get("gradient_accumulation_steps", training_args.gradient_accumulation_steps)
+        n = values.get("steps_per_generation", training_args.steps_per_generation or accumulation) // accumulation
+        algorithm = script_args.algorithm or values.get("loss_type", training_args.loss_type)
+        try:
+            values["output_dir"] = training_args.output_dir.format(algorithm=algorithm, n=n, seed=training_args.seed)
+        except (KeyError, IndexError, ValueError) as error:
+            raise ValueError(
+                f"output_dir {training_args.output_dir!r}: only {{algorithm}}, {{n}} and {{seed}} can be filled in ({error})"
+            ) from None
+    for key, value in values.items():
+        if getattr(training_args, key) != value:
+            extra += [f"--{key}", str(value)]
+    return extra
+
+
+def paper_batch_fields(script_args, training_args, explicit: set[str], num_processes: int) -> dict:
+    """``gradient_accumulation_steps`` and ``steps_per_generation`` that hold the paper's batch contract on
+    ``num_processes`` processes (see :func:`derived_overrides`), or a ValueError that names what to change."""
+    epochs = max(training_args.num_iterations, training_args.respo_reuse)  # aliases (ReSPOConfig reconciles them)
+    if epochs != 1:
+        raise ValueError(
+            f"the paper's staleness N uses each sample once, so num_iterations (respo_reuse) must be 1, got "
+            f"{epochs}: drop --num_iterations/--respo_reuse (epochs are the *-epochs4 presets)"
+        )
+    P, b, G = num_processes, training_args.per_device_train_batch_size, training_args.num_generations
+    g = training_args.gradient_accumulation_steps
+    fields = {}
+    M = script_args.prompts_per_update
+    if M is not None:
+        if M < 1:
+            raise ValueError(f"prompts_per_update (the paper's M) must be >= 1, got {M}")
+        C = M * G
+        if C % (b * P):
+            if C % P:
+                fix = f"launch on a number of processes that divides {C}"
+            else:
+                options = [d for d in range(1, C // P + 1) if (C // P) % d == 0]
+                fix = f"use a per_device_train_batch_size that divides {C // P}: one of {options}"
+            raise ValueError(
+                f"per_device_train_batch_size {b} x {P} processes = {b * P} completions per micro-step does not divide "
+                f"the paper's mini-batch of {C} completions (prompts_per_update {M} x num_generations {G}): {fix}"
+            )
+        needed = C // (b * P)
+        if g != needed and "gradient_accumulation_steps" in explicit:
+            raise ValueError(
+                f"gradient_accumulation_steps {g} x per_device_train_batch_size {b} x {P} processes = {g * b * P} "
+                f"completions per optimizer update, but the paper's mini-batch is {C} (prompts_per_update {M} x "
+                f"num_generations {G}): pass --gradient_accumulation_steps {needed}, or leave it out (it is derived)"
+            )
+        g = fields["gradient_accumulation_steps"] = needed
+    N = script_args.updates_per_rollout
+    alias = getattr(training_args, "respo_updates_per_rollout", None)  # ReSPOConfig's own N, the same switch
+    if alias is not None:
+        if "updates_per_rollout" in explicit and N != alias:
+            raise ValueError(
+                f"--updates_per_rollout {N} and --respo_updates_per_rollout {alias} are the same setting (the paper's "
+                "N): pass one of them"
+            )
+        N = fields["updates_per_rollout"] = alias
+    given_steps = training_args.steps_per_generation  # None: TRL's default, gradient_accumulation_steps
+    if N is None:
+        s = given_steps or training_args.gradient_accumulation_steps
+        if s % training_args.gradient_accumulation_steps:
+            raise ValueError(
+                f"steps_per_generation {s} is not a multiple of gradient_accumulation_steps "
+                f"{training_args.gradient_accumulation_steps}; set the staleness with --updates_per_rollout N instead"
+            )
+        N = s // training_args.gradient_accumulation_steps
+    elif N < 1:
+        raise ValueError(f"updates_per_rollout (the paper's N) must be >= 1, got {N}")
+    if "steps_per_generation" in explicit and given_steps != N * g:
+        raise ValueError(
+            f"--steps_per_generation {given_steps} with gradient_accumulation_steps {g} is not "
+            f"updates_per_rollout {N} updates per rollout batch (steps_per_generation must be {N * g}): set the "
+            "staleness with --updates_per_rollout only"
+        )
+    fields["steps_per_generation"] = N * g
+    return fields
+
+
+def validate_args(
+    script_args: RecipeArguments, training_args: ReSPOConfig, model_args: ModelConfig, num_processes: int | None = None
+) -> None:
+    """Cheap checks with clear messages, before any model or dataset is loaded. ``num_processes`` is the process count
+    the batch arithmetic is checked for (default: the preset's ``expected_num_processes``, or the launch's for presets
+    with the paper's batch contract, whose accumulation is derived for the launch)."""
+    from respo_trl.demo.rewards import ACCURACY_REWARDS
 
     if script_args.eval_mode not in EVAL_MODES:
         raise ValueError(f"eval_mode must be one of {EVAL_MODES}, got {script_args.eval_mode!r}")
@@ -276,7 +554,10 @@ def validate_args(script_args: RecipeArguments, training_args: ReSPOConfig, mode
     if not script_args.reward_funcs:
         raise ValueError("reward_funcs is empty: RL needs at least one reward function (e.g. 'accuracy')")
     for name in script_args.reward_funcs:
-        resolve_reward(name)  # unknown names fail here, with the list of known ones
+        build_reward(name, script_args, training_args)  # unknown names fail here, with the list of known ones
+    if "{" in training_args.output_dir:
+        raise ValueError(f"output_dir {training_args.output_dir!r} still holds a placeholder: pass --output_dir")
+    check_output_dir(training_args.output_dir)
     weights = training_args.reward_weights
     if weights is not None and len(weights) != len(script_args.reward_funcs):
         raise ValueError(
@@ -290,11 +571,87 @@ def validate_args(script_args: RecipeArguments, training_args: ReSPOConfig, mode
         )
     if script_args.heldout_eval_steps and script_args.eval_mode != "greedy":
         raise ValueError("heldout_eval_steps needs eval_mode='greedy'; with 'sampled' use --eval_strategy steps")
-    check_batch_arithmetic(
-        training_args,
-        script_args.expected_num_processes or training_args.world_size,
-        sampled_eval=script_args.eval_mode == "sampled",
-    )
+    paper = script_args.prompts_per_update is not None or script_args.updates_per_rollout is not None
+    if num_processes is None:
+        num_processes = training_args.world_size if paper else script_args.expected_num_processes or training_args.world_size
+    batch = check_batch_arithmetic(training_args, num_processes, sampled_eval=script_args.eval_mode == "sampled")
+    if paper:
+        check_paper_contract(script_args, batch)
+
+
+def check_output_dir(path: str) -> None:
+    """``output_dir`` must be a directory this process can write: checked before minutes of warm start are spent."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"--output_dir {path!r} exists and is a file, not a directory: pass another path")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"--output_dir {path!r} cannot be created: {error.strerror or error}") from None
+    if not os.access(path, os.W_OK):
+        raise ValueError(f"--output_dir {path!r} is not writable by this user: pass another path")
+
+
+def reward_description(script_args: RecipeArguments, training_args: ReSPOConfig) -> str:
+    """Axis label saying what the training reward sums, e.g. 'reward = 1 x accuracy + 0.1 x format (max 1.1)'."""
+    weights = training_args.reward_weights or [1.0] * len(script_args.reward_funcs)
+    terms = " + ".join(f"{w:g} x {name}" for w, name in zip(weights, script_args.reward_funcs))
+    return f"mean training reward = {terms}"
+
+
+def best_checkpoint_accuracy(trainer, best: dict, best_dir: str, final_dir: str, measure, heldout) -> dict:
+    """Whole-held-out-set accuracy of the best in-training checkpoint (chosen on the curve's subset), then the final
+    weights are put back (a later push sends the final model)."""
+    from safetensors.torch import load_file
+
+    def load(folder):
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        state = load_file(os.path.join(folder, "model.safetensors"), device=str(trainer.accelerator.device))
+        model.load_state_dict(state, strict=False)
+
+    if best["step"] == trainer.state.global_step or not os.path.isdir(best_dir):
+        return {"step": trainer.state.global_step, "accuracy": None, "is_final": True, "path": final_dir}
+    load(best_dir)
+    result = measure(heldout)
+    load(final_dir)
+    return {
+        "step": best["step"],
+        "accuracy": result["accuracy"],
+        "n": result["n"],
+        "subset_accuracy": best["accuracy"],
+        "subset_n": best.get("n"),
+        "is_final": False,
+        "path": best_dir,
+    }
+
+
+def pick_cpu_threads(training_args: ReSPOConfig, tiny: bool, logger) -> None:
+    """On a CPU, a tiny model gains nothing from several torch threads and loses a lot on a busy machine (measured:
+    ``python recipes/qwen3_respo.py`` at 2 threads ran 3-8x slower than ``accelerate launch``, which sets 1). Use one
+    thread unless ``OMP_NUM_THREADS`` says otherwise."""
+    import torch
+
+    if tiny and not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > 1:
+        logger.info(f"CPU run of a tiny model: torch threads {torch.get_num_threads()} -> 1 (set OMP_NUM_THREADS to choose)")
+        torch.set_num_threads(1)
+
+
+def check_paper_contract(script_args: RecipeArguments, batch: dict) -> None:
+    """The final configuration against the paper's contract (after :func:`derived_overrides`)."""
+    problems = []
+    if batch["reuse_epochs"] != 1:
+        problems.append(f"num_iterations is {batch['reuse_epochs']}, the paper uses each sample once (1)")
+    if script_args.prompts_per_update is not None and batch["prompts_per_update"] != script_args.prompts_per_update:
+        problems.append(
+            f"{batch['completions_per_update']} completions per update are {batch['prompts_per_update']} prompts, "
+            f"not prompts_per_update {script_args.prompts_per_update}"
+        )
+    if script_args.updates_per_rollout is not None and batch["updates_per_rollout"] != script_args.updates_per_rollout:
+        problems.append(
+            f"{batch['updates_per_rollout']} updates per rollout batch, not updates_per_rollout "
+            f"{script_args.updates_per_rollout}"
+        )
+    if problems:
+        raise ValueError("the paper's batch contract does not hold: " + "; ".join(problems))
 
 
 def check_batch_arithmetic(args: ReSPOConfig, num_processes: int, sampled_eval: bool = False) -> dict:
@@ -333,13 +690,45 @@ def check_batch_arithmetic(args: ReSPOConfig, num_processes: int, sampled_eval: 
         )
     if problems:
         raise ValueError(f"batch arithmetic for {num_processes} process(es): " + "; ".join(problems))
+    completions_per_update = args.per_device_train_batch_size * num_processes * args.gradient_accumulation_steps
+    updates_per_rollout = steps_per_generation // args.gradient_accumulation_steps  # each sample once (per epoch)
+    optimizer_steps = steps_per_generation // args.gradient_accumulation_steps * args.respo_reuse
     return {
         "num_processes": num_processes,
         "generation_batch_size": generation_batch,
         "prompts_per_generation": generation_batch // args.num_generations,
         "steps_per_generation": steps_per_generation,
-        "optimizer_steps_per_generation": steps_per_generation // args.gradient_accumulation_steps * args.respo_reuse,
+        "optimizer_steps_per_generation": optimizer_steps,
+        # the paper's terms: mini-batch M prompts per update, N updates per rollout batch of N x M prompts
+        "completions_per_update": completions_per_update,
+        "prompts_per_update": (
+            completions_per_update // args.num_generations
+            if completions_per_update % args.num_generations == 0
+            else completions_per_update / args.num_generations
+        ),
+        "updates_per_rollout": updates_per_rollout,
+        "reuse_epochs": args.respo_reuse,
+        "total_updates": args.max_steps,
+        "rollout_batches": -(-args.max_steps // optimizer_steps) if args.max_steps > 0 else None,
     }
+
+
+def build_reward(name: str, script_args: RecipeArguments, training_args: ReSPOConfig):
+    """A reward function by name: the registry of ``respo_trl.demo.rewards`` (or a dotted path), plus ``soft_overlong``,
+    TRL's ``get_soft_overlong_punishment(max_completion_length, soft_overlong_cache)``."""
+    from respo_trl.demo.rewards import resolve_reward
+
+    if name != SOFT_OVERLONG:
+        return resolve_reward(name)
+    from trl.rewards import get_soft_overlong_punishment
+
+    cache, cap = script_args.soft_overlong_cache, training_args.max_completion_length
+    if not 0 < cache <= cap:
+        raise ValueError(
+            f"reward 'soft_overlong' needs 0 < soft_overlong_cache <= max_completion_length ({cap}), got "
+            f"soft_overlong_cache={cache}: pass --soft_overlong_cache (the paper's 30B runs: 4096 of 8192)"
+        )
+    return get_soft_overlong_punishment(max_completion_len=cap, soft_punish_cache=cache)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -363,6 +752,17 @@ def inspect_model(model_args: ModelConfig, training_args: ReSPOConfig):
             f"could be fetched (offline mode: HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}). Check the "
             f"spelling (the presets use Qwen/Qwen3-0.6B ... Qwen/Qwen3-30B-A3B: {presets}). Cause: {error}"
         ) from None
+
+
+def load_tokenizer(model_args: ModelConfig, training_args: ReSPOConfig):
+    """The model's tokenizer (a few MB, no weights), to measure prompt lengths before the trainer loads the model."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(
+        model_args.model_name_or_path,
+        revision=model_args.model_revision,
+        trust_remote_code=training_args.trust_remote_code,
+    )
 
 
 def is_moe(config) -> bool:
@@ -428,11 +828,36 @@ def warm_start(model, tokenizer, train_dataset, script_args: RecipeArguments, se
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def to_conversation(problem, system_prompt: str | None):
-    messages = list(problem) if isinstance(problem, list) else [{"role": "user", "content": str(problem)}]
+def strip_dapo_instruction(text: str) -> str:
+    """A DAPO-Math-17k problem without the instruction around it (its 'Answer:' preamble and closing line)."""
+    return text.replace(DAPO_PREFIX, "").replace(DAPO_SUFFIX, "").strip()
+
+
+def to_conversation(problem, system_prompt: str | None, template: str = "{problem}", strip_dapo: bool = False):
+    """A chat prompt: a text problem becomes the user turn ``template.format(problem=...)`` (after removing the DAPO
+    instruction when ``strip_dapo``); a conversation is kept as it is. ``system_prompt`` is prepended when set."""
+    if isinstance(problem, list):
+        messages = list(problem)
+    else:
+        text = strip_dapo_instruction(str(problem)) if strip_dapo else str(problem)
+        messages = [{"role": "user", "content": template.replace("{problem}", text)}]
     if system_prompt and messages[0].get("role") != "system":
         messages = [{"role": "system", "content": system_prompt}, *messages]
     return messages
+
+
+def drop_long_prompts(dataset, tokenizer, max_tokens: int, chat_template_kwargs: dict | None = None):
+    """``(dataset, dropped)``: rows whose chat-formatted prompt (as TRL tokenises it: chat template with the generation
+    prompt) is longer than ``max_tokens`` tokens are removed, like verl's ``filter_overlong_prompts``."""
+    kwargs = json.loads(chat_template_kwargs) if isinstance(chat_template_kwargs, str) else chat_template_kwargs or {}
+
+    def fits(row):
+        ids = tokenizer.apply_chat_template(row["prompt"], tokenize=True, add_generation_prompt=True, **kwargs)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        return len(ids) <= max_tokens
+
+    kept = dataset.filter(fits)
+    return kept, len(dataset) - len(kept)
 
 
 def load_split(name: str, config: str | None, split: str, prompt_column: str, answer_column: str, what: str):
@@ -464,6 +889,9 @@ def build_datasets(script_args: RecipeArguments):
     from datasets import Dataset
 
     system = script_args.system_prompt
+    template, strip = script_args.prompt_template, script_args.strip_dapo_instruction
+    if "{problem}" not in template:
+        raise ValueError(f"prompt_template {template!r} has no {{problem}} placeholder")
     if script_args.dataset_name.startswith(BUILTIN_PREFIX):
         from respo_trl.demo.tasks import ArithmeticTask
 
@@ -478,7 +906,7 @@ def build_datasets(script_args: RecipeArguments):
         train = task.rows("train", script_args.train_size, seed=script_args.task_seed)
         heldout = task.rows("test", script_args.heldout_size or 500, seed=script_args.task_seed)
         for rows in (train, heldout):
-            rows["prompt"] = [to_conversation(p, system) for p in rows["prompt"]]
+            rows["prompt"] = [to_conversation(p, system, template) for p in rows["prompt"]]
         train, heldout = Dataset.from_dict(train), Dataset.from_dict(heldout)
     else:
         raw = load_split(
@@ -494,7 +922,7 @@ def build_datasets(script_args: RecipeArguments):
         keep = {"completion"} & set(raw.column_names)  # a reference completion enables --warmstart_steps
         train = raw.map(
             lambda row: {
-                "prompt": to_conversation(row[script_args.prompt_column], system),
+                "prompt": to_conversation(row[script_args.prompt_column], system, template, strip),
                 "solution": str(row[script_args.answer_column]),
             },
             remove_columns=[c for c in raw.column_names if c not in keep],
@@ -513,7 +941,7 @@ def build_datasets(script_args: RecipeArguments):
             raw = raw.select(range(min(script_args.heldout_size, len(raw))))
         heldout = raw.map(
             lambda row: {
-                "prompt": to_conversation(row[script_args.eval_prompt_column], system),
+                "prompt": to_conversation(row[script_args.eval_prompt_column], system, template, strip),
                 "solution": str(row[script_args.eval_answer_column]),
             },
             remove_columns=raw.column_names,
@@ -624,7 +1052,7 @@ def print_summary(report: dict) -> None:
         ("held-out set", f"{report['heldout']['dataset']} (n={report['heldout']['n']}, {report['heldout']['mode']})"),
         ("warm-start demonstrations right", pct(report["warm_start"]["demonstration_accuracy"])),
         ("held-out accuracy before RL", pct(before)),
-        ("held-out accuracy after RL", pct(after)),
+        ("held-out accuracy after RL (final)", pct(after)),
         ("change", "n/a" if delta is None else f"{delta:+.1f} points"),
         ("optimizer steps", str(report["training"]["global_step"])),
         ("generated tokens", f"{report['training']['generated_tokens']:,}"),
@@ -637,6 +1065,11 @@ def print_summary(report: dict) -> None:
         ("RL time", f"{report['time_s']['train']:.0f} s"),
         ("wall time (this process)", f"{report['time_s']['total']:.0f} s"),
     ]
+    best = report["heldout"].get("best")
+    if best and not best["is_final"]:
+        rows.insert(5, (f"held-out accuracy, best checkpoint (step {best['step']})", pct(best["accuracy"])))
+    elif best:
+        rows.insert(5, ("best checkpoint", "the final one"))
     width = max(len(k) for k, _ in rows)
     line = "+" + "-" * (width + 2) + "+" + "-" * 52 + "+"
     print("\n" + line)
@@ -662,13 +1095,26 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
 
     from respo_trl import ReSPOTrainer
     from respo_trl.demo.plots import plot_run
-    from respo_trl.demo.rewards import ACCURACY_REWARDS, probe_rewards, resolve_reward, reward_name
+    from respo_trl.demo.rewards import ACCURACY_REWARDS, probe_rewards, reward_name
     from respo_trl.demo.warmstart import grade
 
     logger = get_logger(__name__)
     state = PartialState()
     world = state.num_processes
-    if script_args.expected_num_processes and script_args.expected_num_processes != world:
+    pick_cpu_threads(training_args, script_args.tiny_model is not None, logger)
+    paper = script_args.prompts_per_update is not None or script_args.updates_per_rollout is not None
+    if paper:
+        batch = check_batch_arithmetic(training_args, world)
+        logger.info(
+            f"the paper's batch arithmetic on {world} process(es): {batch['prompts_per_update']} prompts x "
+            f"{training_args.num_generations} per update (per_device_train_batch_size "
+            f"{training_args.per_device_train_batch_size} x gradient_accumulation_steps "
+            f"{training_args.gradient_accumulation_steps}), N = {batch['updates_per_rollout']} updates per rollout batch "
+            f"of {batch['prompts_per_generation']} prompts (steps_per_generation {training_args.steps_per_generation}), "
+            f"{batch['total_updates']} updates",
+            main_process_only=True,
+        )
+    elif script_args.expected_num_processes and script_args.expected_num_processes != world:
         logger.warning(
             f"this preset was sized for {script_args.expected_num_processes} processes "
             f"({script_args.accelerate_config or 'see docs/recipes.md'}) but runs on {world}: the global batch "
@@ -681,7 +1127,7 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
     set_seed(training_args.seed)
 
     # -- rewards: resolved first, so a bad name fails before anything is built ----------------------------------------
-    reward_funcs = [resolve_reward(name) for name in script_args.reward_funcs]
+    reward_funcs = [build_reward(name, script_args, training_args) for name in script_args.reward_funcs]
     accuracy_fn = next((f for n, f in zip(script_args.reward_funcs, reward_funcs) if n in ACCURACY_REWARDS), None)
 
     # -- model: built locally (tiny) or only its config read (Hub/local weights are loaded by the trainer) ------------
@@ -704,6 +1150,20 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
     # -- data, then every reward function probed on real rows (clear errors before any generation) --------------------
     with state.main_process_first():
         train_dataset, heldout = build_datasets(script_args)
+        dropped = 0
+        if script_args.max_prompt_length:
+            length_tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_args, training_args)
+            train_dataset, dropped = drop_long_prompts(
+                train_dataset, length_tokenizer, script_args.max_prompt_length, training_args.chat_template_kwargs
+            )
+            if len(train_dataset) == 0:
+                raise ValueError(
+                    f"every training prompt is longer than max_prompt_length={script_args.max_prompt_length} tokens"
+                )
+            logger.info(
+                f"dropped {dropped} training prompts longer than {script_args.max_prompt_length} tokens",
+                main_process_only=True,
+            )
     if script_args.eval_mode != "none" and heldout is None:
         raise ValueError("no held-out set: set --eval_dataset_name (e.g. HuggingFaceH4/MATH-500) or --eval_mode none")
     probe_rewards(
@@ -775,9 +1235,15 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
             return sampled_accuracy(trainer, dataset, reward_name(accuracy_fn))
         return greedy_accuracy(trainer, dataset, eval_tokens, script_args.eval_batch_size, accuracy_fn)
 
+    best_dir = os.path.join(training_args.output_dir, "best-heldout")
+    best = {"step": None, "accuracy": -1.0}
+
     def curve_point(step, dataset=curve_set):
         result = heldout_accuracy(dataset)
         tokens = trainer.rollouts.generated_tokens
+        if script_args.keep_best_heldout and step > 0 and result["accuracy"] > best["accuracy"]:
+            trainer.save_model(best_dir)  # every process takes part, as in any save
+            best.update(step=step, accuracy=result["accuracy"], n=result["n"])
         return {"step": step, "generated_tokens": tokens, "accuracy": result["accuracy"], "n": result["n"]}
 
     report = {
@@ -789,6 +1255,11 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
             **model_info,
         },
         "task": script_args.dataset_name,
+        "data": {
+            "train_rows": len(train_dataset),
+            "max_prompt_length": script_args.max_prompt_length,
+            "dropped_long_prompts": dropped,
+        },
         "seed": training_args.seed,
         "num_processes": world,
         "distributed_type": trainer.accelerator.distributed_type.value,
@@ -849,8 +1320,15 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
         report["heldout"]["after"], report["heldout"]["after_detail"] = after["accuracy"], after
     eval_s += time.time() - t0
 
-    # -- save, report, plots, push ------------------------------------------------------------------------------------
+    # -- save; the best in-training checkpoint measured on the whole held-out set too ---------------------------------
     trainer.save_model(training_args.output_dir)
+    if best["step"] is not None and script_args.eval_mode != "none":
+        final = report["curve"][-1]
+        if final.get("n") == best.get("n") and final["accuracy"] >= best["accuracy"]:
+            best.update(step=final["step"], accuracy=final["accuracy"])  # the final checkpoint is the best one
+        t0 = time.time()
+        report["heldout"]["best"] = best_checkpoint_accuracy(trainer, best, best_dir, training_args.output_dir, heldout_accuracy, heldout)
+        eval_s += time.time() - t0
     trainer.save_state()  # trainer_state.json: the full log history the plots are drawn from
     history = trainer.state.log_history
     rewards = [h["reward"] for h in history if "reward" in h]
@@ -886,7 +1364,11 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
             title=f"{model_name}, {training_args.loss_type} R={training_args.respo_reuse}, seed {training_args.seed}",
             accuracy_label=f"held-out accuracy, {script_args.eval_mode}",
             loss_name=training_args.loss_type,
+            reward_label=reward_description(script_args, training_args),
         )
+        curves = os.path.join(training_args.output_dir, "training_curves.png")  # the model card's (respo_trl.hub.card)
+        if os.path.isfile(curves):
+            report["plots"].append(curves)
         report["time_s"]["total"] = time.time() - start
         with open(os.path.join(training_args.output_dir, "report.json"), "w") as f:
             json.dump(report, f, indent=1, default=str)
@@ -902,4 +1384,8 @@ def main(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: M
 
 
 if __name__ == "__main__":
-    main(*parse_args())
+    parsed = parse_args()
+    if parsed[0].dry_run:
+        print(batch_plan(*parsed))
+    else:
+        main(*parsed)

@@ -6,14 +6,15 @@ loads instantly, so the kernel can be used without TRL.
 
 from importlib import import_module
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _LAZY = {
     "ReSPOConfig": "respo_trl.config",
     "ReSPOTrainer": "respo_trl.trainer",
     "RolloutBuffer": "respo_trl.buffer",
     "respo_kernel": "respo_trl.kernels",
-    "sequence_log_weights": "respo_trl.kernels",
+    "respo_coefficients": "respo_trl.kernels",
+    "sequence_log_weight": "respo_trl.kernels",
 }
 
 __all__ = [*_LAZY, "__version__"]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .kernels import NORM_MODES, RESPO_DEFAULTS, check_constant
+from .routing_replay import config_problems
 
 TRUST_MASK_MODES = ("auto", "directional", "none")
 SAMPLER_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL 1.16's vLLM IS modes
@@ -94,6 +95,15 @@ class ReSPOConfig(GRPOConfig):
         respo_log_diagnostics (`bool`, defaults to `True`):
             Log the starvation, off-policy and positive-branch metrics (``starvation/*``, ``offpolicy/*``,
             ``respo/*``) on every step, for every ``loss_type``; the reuse metrics (``reuse/*``) are always logged.
+
+        > Mixture-of-Experts
+
+        respo_routing_replay (`bool`, defaults to `False`):
+            Rollout Routing Replay (R3) for Qwen3-MoE models: record the experts each MoE layer chose for every token
+            during generation and make every log-prob forward (old log-probs and the loss) route each token to those
+            experts, with gating weights recomputed from the current router. Needs transformers generation
+            (``use_vllm=False``); a dense model is rejected when the trainer is built. Logs ``routing/drift``.
+            See ``docs/moe.md``.
     """
 
     loss_type: str = field(
@@ -180,11 +190,21 @@ class ReSPOConfig(GRPOConfig):
         metadata={"help": "Log the starvation/off-policy/positive-branch diagnostics on every step."},
     )
 
+    respo_routing_replay: bool = field(
+        default=False,
+        metadata={
+            "help": "Routing Replay (R3) for Qwen3-MoE: replay the experts chosen at generation time in every "
+            "log-prob forward (needs use_vllm=False; see docs/moe.md)."
+        },
+    )
+
     def __post_init__(self):
+        # ReSPO's own checks first: a bad ReSPO value is reported even where TRL/transformers would fail first on
+        # something else (e.g. bf16 on a CPU).
         self._apply_updates_per_rollout()
-        super().__post_init__()
         self._reconcile_reuse()
         self.validate_respo()
+        super().__post_init__()
 
     def _apply_updates_per_rollout(self) -> None:
         n = self.respo_updates_per_rollout
@@ -234,6 +254,8 @@ class ReSPOConfig(GRPOConfig):
             raise ValueError(f"respo_min_ess must be in (0, 1] or None, got {self.respo_min_ess!r}")
         if self.respo_buffer_device not in ("auto", "cpu"):
             raise ValueError(f"respo_buffer_device must be 'auto' or 'cpu', got {self.respo_buffer_device!r}")
+        if self.respo_routing_replay and config_problems(self):
+            raise ValueError("respo_routing_replay=True: " + "; ".join(config_problems(self)))
         if self.respo_reshuffle is not None and not isinstance(self.respo_reshuffle, bool):
             raise ValueError(f"respo_reshuffle must be True, False or unset, got {self.respo_reshuffle!r}")
 

@@ -21,6 +21,10 @@ The metrics (definitions in ``docs/evaluation.md``):
   them that are correct (the expectation under a uniformly random tie-break), so the metric does not depend on sample
   order.
 
+Also here: :func:`dapo_accuracy_reward` (the +1/-1 reward of verl's DAPO reward manager, which the ReSPO paper trains
+with, graded by :func:`grade`) and :func:`length_bins` (accuracy by response length in equal-width bins, as the paper
+reports it; definition in ``docs/evaluation.md``).
+
 Importing this module does not import TRL; :func:`grade` does, on first use.
 """
 
@@ -91,6 +95,23 @@ def grade(completions: Sequence[str], solutions: Sequence[str]) -> list[Grade]:
         log_extra=lambda name, values: logged.__setitem__(name, values),
     )
     return [Grade(reward, answer) for reward, answer in zip(rewards, logged["answer_parsed"], strict=True)]
+
+
+def dapo_accuracy_reward(completions, solution, log_extra=None, **kwargs) -> list[float | None]:
+    """DAPO-style accuracy reward for TRL: ``+1.0`` for a correct final answer, ``-1.0`` otherwise.
+
+    The ReSPO paper trains with verl's DAPO reward manager, which scores a response +1 or -1 (and adds the soft overlong
+    penalty on top, in [-1, 0]). Correctness here is :func:`grade`, i.e. TRL's ``accuracy_reward`` (math-verify, first
+    ``\\boxed{}`` answer) against the gold answer wrapped by :func:`gold_solution`, exactly as ``eval_math.py`` grades.
+    With group-normalised advantages (GRPO, TRL ``scale_rewards="group"``) +1/-1 and 1/0 give identical advantages;
+    the +1/-1 scale matters when a second reward (the overlong penalty) is added, where it reproduces verl's sum.
+    A gold answer math-verify cannot parse gives ``None`` (TRL skips it), as ``accuracy_reward`` does.
+    """
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    grades = grade(texts, [gold_solution(s) for s in solution])
+    if log_extra is not None:
+        log_extra("answer_parsed", [g.answer for g in grades])
+    return [None if g.reward is None else (1.0 if g.correct else -1.0) for g in grades]
 
 
 # -- metrics -------------------------------------------------------------------------------------------------------------
@@ -233,3 +254,89 @@ def results_table(report: dict) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+# -- accuracy by response length ---------------------------------------------------------------------------------------
+
+LENGTH_BINS_DEFINITION = (
+    "{bins} equal-width bins over [0, {max_tokens}] response tokens (width {width:.1f}): a response of L tokens falls "
+    "in bin floor(L * {bins} / {max_tokens}), and responses that reach the cap ({max_tokens} tokens, i.e. truncated) "
+    "are counted in the last bin; accuracy = correct samples / samples in the bin, every sample counted once"
+)
+
+
+def length_bin_index(length: int, max_tokens: int, bins: int) -> int:
+    """The bin of a response of ``length`` tokens: ``floor(length * bins / max_tokens)``, capped at the last bin."""
+    if length < 0:
+        raise ValueError(f"negative response length {length}")
+    return min(length * bins // max_tokens, bins - 1)
+
+
+def length_bins(lengths: Sequence[int], correct: Sequence[bool], max_tokens: int, bins: int = 30) -> list[dict]:
+    """Accuracy by response length in ``bins`` equal-width bins over ``[0, max_tokens]`` (integer arithmetic, so a
+    length on an edge belongs to the bin above it; lengths at or beyond the cap go to the last bin).
+
+    Equal-width bins, not quantiles: two checkpoints evaluated with the same ``max_tokens`` share the same bins, so their
+    accuracies can be compared bin by bin (quantile bins would move with each model's own length distribution).
+    Returns one dict per bin: ``bin``, ``lo``, ``hi`` (token edges), ``samples``, ``correct``, ``accuracy`` (``None``
+    for an empty bin) and ``at_cap`` (samples that reached ``max_tokens``).
+    """
+    if bins < 1 or max_tokens < 1:
+        raise ValueError(f"need bins >= 1 and max_tokens >= 1, got bins={bins}, max_tokens={max_tokens}")
+    if len(lengths) != len(correct):
+        raise ValueError("lengths and correct must have the same length")
+    counts, hits, capped = [0] * bins, [0] * bins, [0] * bins
+    for length, ok in zip(lengths, correct):
+        index = length_bin_index(int(length), max_tokens, bins)
+        counts[index] += 1
+        hits[index] += bool(ok)
+        capped[index] += int(length) >= max_tokens
+    return [
+        {
+            "bin": k,
+            "lo": max_tokens * k / bins,
+            "hi": max_tokens * (k + 1) / bins,
+            "samples": counts[k],
+            "correct": hits[k],
+            "accuracy": hits[k] / counts[k] if counts[k] else None,
+            "at_cap": capped[k],
+        }
+        for k in range(bins)
+    ]
+
+
+def length_bins_table(rows: Sequence[dict]) -> str:
+    """A markdown table of :func:`length_bins` rows (token ranges, samples, correct, accuracy in percent)."""
+    lines = ["| bin | response tokens | samples | correct | accuracy |", "|---|---|---|---|---|"]
+    for row in rows:
+        accuracy = "" if row["accuracy"] is None else f"{100 * row['accuracy']:.1f}"
+        lines.append(
+            f"| {row['bin'] + 1} | {row['lo']:.0f}-{row['hi']:.0f} | {row['samples']} | {row['correct']} | {accuracy} |"
+        )
+    return "\n".join(lines)
+
+
+def generation_summary(report: dict) -> str:
+    """One sentence with the evaluation settings of an ``eval_math.json`` report (used in its markdown and in model
+    cards): the protocol when one was used (and what was changed from it), samples per problem, sampling, backend."""
+    g = report["generation"]
+    n = g["n"]
+    samples = (
+        "Samples per problem: " + ", ".join(f"{name} {count}" for name, count in n.items()) + ";"
+        if isinstance(n, dict)
+        else f"{n} samples per problem,"
+    )
+    text = (
+        f"{samples} temperature {g['temperature']}, top-p {g['top_p']}, at most {g['max_new_tokens']} new tokens, "
+        f"{report['backend']} generation; percentages."
+    )
+    protocol = report.get("protocol")
+    if protocol:
+        changed = protocol.get("changed") or []
+        text = (
+            f"Protocol `{protocol['name']}` ({protocol['description']})"
+            + (f", with changes: {', '.join(changed)}" if changed else "")
+            + ". "
+            + text
+        )
+    return text

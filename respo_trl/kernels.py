@@ -71,7 +71,8 @@ def fold_sampler_ratio(sampler_ratio: Tensor | None, mask: Tensor) -> tuple[Tens
     """Turn a sampler-correction ratio ``c = pi_old / pi_sampler`` into ``(log c, kept mask)``.
 
     ``sampler_ratio`` is TRL's vLLM ``importance_sampling_ratio`` after its truncation or masking: (B, T) in the token
-    modes, (B, 1) in the sequence modes, or verl's ``rollout_is_weights`` (B, T). A ratio of exactly 0 means "masked
+    modes, (B, 1) in the sequence modes, or verl's token-level ``rollout_is_weights`` (B, T) (the verl plugin reads
+    verl's broadcast sequence-level layout itself, adding it once). A ratio of exactly 0 means "masked
     by the correction": in a token mode that token is dropped (no gradient, not in ``l``); in a sequence mode the
     whole sequence is dropped. The returned mask is ``mask`` with those tokens removed; ``log c`` is 0 where dropped.
     """

@@ -32,6 +32,7 @@ from .diagnostics import COLUMNS, sequence_stats, summarize
 from .hub.card import RESPO_CITATION, TRAINER_TAGS, write_trainer_card
 from .hub.push import hub_failure
 from .kernels import LossParams, fold_sampler_ratio, kish_ess, registered_loss_for, respo_coefficients, sequence_log_weight
+from .routing_replay import RoutingReplayMixin
 
 logger = get_logger(__name__)
 
@@ -77,7 +78,7 @@ def check_trl_hooks(grpo_trainer_cls=GRPOTrainer) -> None:
         _TRL_HOOKS_CHECKED = True
 
 
-class ReSPOTrainer(GRPOTrainer):
+class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
     """Drop-in replacement for ``trl.GRPOTrainer`` that trains with ReSPO.
 
     Accepts the same arguments. ``args`` may be a :class:`ReSPOConfig` (any ``loss_type`` works, so baselines run
@@ -130,6 +131,8 @@ class ReSPOTrainer(GRPOTrainer):
         self._tokens_at_step_start = 0
         self._step_passes: list[tuple[int, int]] = []  # (generation index, pass) of each micro-batch of this step
         self._fresh_grad_norm = (None, None)  # (generation index, grad_norm of its fresh pass)
+        if args.respo_routing_replay:  # MoE Routing Replay (R3): respo_trl/routing_replay.py
+            self.routing_replay = self.attach_routing_replay(self)
 
     # -- rollout reuse -----------------------------------------------------------------------------------------------
 
@@ -185,14 +188,15 @@ class ReSPOTrainer(GRPOTrainer):
             "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
             "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
         )  # fmt: skip
-        logps, _, _ = self._get_per_token_logps_and_entropies(
-            self.model,
-            torch.cat([batch["prompt_ids"], completion_ids], dim=1),
-            torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
-            completion_ids.size(1),
-            batch_size=self.args.per_device_train_batch_size,
-            **{key: batch.get(key) for key in multimodal},
-        )
+        with self.routing_batch(batch):  # MoE Routing Replay: the buffered rows' recorded routes
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.model,
+                torch.cat([batch["prompt_ids"], completion_ids], dim=1),
+                torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
+                completion_ids.size(1),
+                batch_size=self.args.per_device_train_batch_size,
+                **{key: batch.get(key) for key in multimodal},
+            )
         mask = batch["completion_mask"] * batch.get("tool_mask", 1)
         log_c, kept = fold_sampler_ratio(self._sampler_ratio(batch), mask)
         log_w = sequence_log_weight(logps - old, kept, log_c)

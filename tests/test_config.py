@@ -106,6 +106,12 @@ def test_every_config_trl_accepts_is_accepted(configs, tmp_path):
     assert respo_notes(build(configs, tmp_path, loss_type="dapo", use_vllm=True)) == []
 
 
+def test_respo_errors_come_before_trls(configs, tmp_path):
+    """On a CPU, GRPOConfig's default bf16 fails; a bad ReSPO value must still be the error the user sees."""
+    with pytest.raises(ValueError, match="respo_beta_pos"):
+        configs[0](output_dir=str(tmp_path), respo_beta_pos=2.0)  # bf16 defaults on: TRL would fail too
+
+
 def test_reuse_is_num_iterations(configs, tmp_path):
     assert build(configs, tmp_path, respo_reuse=4).num_iterations == 4
     assert build(configs, tmp_path, num_iterations=3).respo_reuse == 3

@@ -14,6 +14,8 @@ from respo_trl.grading import (
     default_ks,
     gold_solution,
     grade,
+    length_bin_index,
+    length_bins,
     majority_vote,
     parse_prediction,
     pass_at_k,
@@ -23,6 +25,8 @@ from respo_trl.grading import (
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests" / "data" / "math500_sample.jsonl"
+OLYMPIAD = ROOT / "tests" / "data" / "olympiadbench_sample.jsonl"  # hand-made rows in math-ai/olympiadbench's layout
+MINERVA = ROOT / "tests" / "data" / "minervamath_sample.jsonl"  # hand-made rows in math-ai/minervamath's layout
 
 
 @pytest.fixture(scope="module")
@@ -300,6 +304,8 @@ def test_download_call_and_evaluation_from_a_local_snapshot(eval_math, tiny_mode
     assert 0.0 <= result["avg_at_n"] <= 1.0
     samples = [json.loads(line) for line in (out / "eval_math_samples.jsonl").read_text().splitlines()]
     assert len(samples) == 6 and all(isinstance(s["completion"], str) for s in samples)
+    assert all(isinstance(s["tokens"], int) and 1 <= s["tokens"] <= 6 for s in samples)  # generated, EOS included
+    assert sum(row["samples"] for row in report["length_bins"]["all"]) == 6
     assert (out / "eval_math.md").is_file()
     assert "generating" in capfd.readouterr().err  # the progress bar
 
@@ -320,3 +326,164 @@ def test_default_output_dir(eval_math, tmp_path):
     (trained / "training_args.bin").write_bytes(b"")
     assert eval_math.default_output_dir(str(trained)) == str(trained)  # results next to the model card
     assert eval_math.default_output_dir("Qwen/Qwen3-1.7B") == os.path.join("eval_math", "Qwen3-1.7B")
+
+
+# -- the paper's protocol: loaders, settings, accuracy by response length --------------------------------------------------
+
+
+def test_olympiadbench_and_minervamath_loaders_read_the_hub_layouts(eval_math):
+    from dataclasses import replace
+
+    spec = eval_math.BENCHMARKS["olympiadbench"]
+    assert (spec.dataset, spec.split, spec.problem_column, spec.answer_column) == (
+        "math-ai/olympiadbench", "test", "question", "final_answer"
+    )
+    problems = eval_math.load_problems(replace(spec, dataset=str(OLYMPIAD)))
+    rows = [json.loads(line) for line in OLYMPIAD.read_text().splitlines()]
+    assert [p.problem for p in problems] == [r["question"] for r in rows]
+    # final_answer is a list of $...$ strings: delimiters removed, several answers joined
+    assert [p.answer for p in problems] == ["4", "\\frac{1}{2}", "2, 3"]
+    assert [p.uid for p in problems] == ["1606", "1607", "1608"]
+    # the gold strings parse as written: a right answer is graded right, a wrong one wrong
+    golds = [gold_solution(p.answer) for p in problems]
+    assert [g.correct for g in grade(["\\boxed{4}", "\\boxed{0.5}", "\\boxed{3, 2}"], golds)] == [True, True, True]
+    assert [g.correct for g in grade(["\\boxed{5}", "\\boxed{1/3}", "\\boxed{2}"], golds)] == [False, False, False]
+    spec = eval_math.BENCHMARKS["minervamath"]
+    assert (spec.dataset, spec.split, spec.problem_column, spec.answer_column) == (
+        "math-ai/minervamath", "test", "question", "answer"
+    )
+    problems = eval_math.load_problems(replace(spec, dataset=str(MINERVA)))
+    assert [(p.uid, p.answer) for p in problems] == [("0", "75"), ("1", "2"), ("2", "0.125")]
+    assert problems[0].problem.startswith("A car travels 150 km")
+
+
+def test_respo_paper_protocol_settings_and_recorded_changes(eval_math, tiny_model_dir):
+    args = eval_math.parse_args(["--model", tiny_model_dir, "--protocol", "respo-paper"])
+    assert args.benchmarks == ["aime24", "aime25", "amc23", "math500", "olympiadbench", "minervamath"]
+    assert args.samples == {"aime24": 16, "aime25": 16, "amc23": 16, "math500": 4, "olympiadbench": 4, "minervamath": 4}
+    assert (args.temperature, args.top_p, args.max_new_tokens, args.system_prompt) == (1.0, 0.7, 16384, "")
+    assert args.prompt_template == "{problem} Please reason step by step, and put your final answer within \\boxed{}."
+    assert args.protocol_report["name"] == "respo-paper" and args.protocol_report["changed"] == []
+    assert args.length_bins == 30
+    # explicit options override the protocol and are recorded
+    args = eval_math.parse_args(
+        ["--model", tiny_model_dir, "--protocol", "respo-paper", "--benchmarks", "aime24", "math500", "--top_p", "0.95",
+         "--max_new_tokens", "64", "--limit", "2"]
+    )  # fmt: skip
+    assert args.samples == {"aime24": 16, "math500": 4} and args.top_p == 0.95
+    assert args.protocol_report["changed"] == [
+        "top_p=0.95", "max_new_tokens=64", "benchmarks=aime24 math500", "limit=2"
+    ]  # fmt: skip
+    with pytest.raises(SystemExit):  # a file outside the protocol needs its own --n
+        eval_math.parse_args(["--model", tiny_model_dir, "--protocol", "respo-paper", "--benchmarks", str(SAMPLE)])
+    # without a protocol nothing changes: one n for every benchmark, the old defaults
+    args = eval_math.parse_args(["--model", tiny_model_dir, "--benchmarks", "math500", "aime24"])
+    assert args.samples == {"math500": 4, "aime24": 4} and args.protocol_report is None
+    assert (args.temperature, args.top_p, args.max_new_tokens) == (0.6, 0.95, 4096)
+
+
+def test_length_bins_are_equal_width_over_the_budget():
+    assert [length_bin_index(n, 16384, 30) for n in (0, 546, 547, 16383, 16384, 40000)] == [0, 0, 1, 29, 29, 29]
+    rows = length_bins([0, 10, 49, 50, 99, 100], [True, False, True, True, False, True], max_tokens=100, bins=2)
+    assert [(r["lo"], r["hi"], r["samples"], r["correct"], r["at_cap"]) for r in rows] == [
+        (0.0, 50.0, 3, 2, 0),
+        (50.0, 100.0, 3, 2, 1),
+    ]
+    assert rows[0]["accuracy"] == pytest.approx(2 / 3)
+    rows = length_bins([5], [True], max_tokens=30, bins=3)
+    assert [r["samples"] for r in rows] == [1, 0, 0] and rows[1]["accuracy"] is None
+    with pytest.raises(ValueError):
+        length_bins([1], [True, False], max_tokens=10)
+    with pytest.raises(ValueError):
+        length_bins([-1], [True], max_tokens=10)
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_respo_paper_protocol_end_to_end_with_length_bins_and_card(eval_math, tiny_model_dir, tmp_path):
+    """All six benchmarks from local copies, canned completions with known lengths: every number is checked by hand,
+    and the model card of the evaluated checkpoint names the protocol."""
+    out = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, out)  # an output_dir holding the weights, as after training
+    local = {
+        "aime24": write_jsonl(tmp_path / "aime24.jsonl", [{"id": "a", "problem": "p", "answer": "204"}]),
+        "aime25": write_jsonl(tmp_path / "aime25.jsonl", [{"id": "b", "problem": "p", "answer": "70"}]),
+        "amc23": write_jsonl(tmp_path / "amc23.jsonl", [{"id": 0, "question": "q", "answer": 27.0}]),
+        "math500": SAMPLE,
+        "olympiadbench": OLYMPIAD,
+        "minervamath": MINERVA,
+    }
+    seen = []
+
+    def generate(prompts, sampling):
+        seen.append((len(prompts), sampling))
+        # sample j of every problem: length 600 * j tokens, correct ("\\boxed{204}", ...) for even j on aime24 only
+        return [
+            [("\\boxed{204}" if j % 2 == 0 else "\\boxed{0}", 600 * j) for j in range(sampling.n)] for _ in prompts
+        ]
+
+    argv = ["--model", str(out), "--protocol", "respo-paper", "--output_dir", str(out), "--save_samples",
+            "--local_data", *[f"{name}={path}" for name, path in local.items()]]  # fmt: skip
+    report = eval_math.main(argv, generate=generate)
+
+    assert [s.n for _, s in seen] == [16, 16, 16, 4, 4, 4]
+    assert all((s.temperature, s.top_p, s.max_new_tokens) == (1.0, 0.7, 16384) for _, s in seen)
+    assert report["protocol"] == {"name": "respo-paper", "description": eval_math.PROTOCOLS["respo-paper"].description,
+                                  "changed": []}  # fmt: skip
+    assert report["generation"]["n"] == {"aime24": 16, "aime25": 16, "amc23": 16, "math500": 4, "olympiadbench": 4,
+                                         "minervamath": 4}  # fmt: skip
+    by_name = {row["benchmark"]: row for row in report["results"]}
+    assert by_name["aime24"]["avg_at_n"] == 0.5 and by_name["aime25"]["avg_at_n"] == 0.0
+    assert by_name["math500"]["problems"] == 6 and by_name["olympiadbench"]["problems"] == 3
+    # lengths 0, 600, ..., 600 * 15 tokens with a 16,384 budget in 30 bins of 546.13 tokens
+    bins = report["length_bins"]
+    assert (bins["bins"], bins["max_new_tokens"]) == (30, 16384) and len(bins["all"]) == 30
+    total = 3 * 16 + (6 + 3 + 3) * 4
+    assert sum(r["samples"] for r in bins["all"]) == total
+    aime = bins["by_benchmark"]["aime24"]
+    for j in range(16):
+        row = aime[length_bin_index(600 * j, 16384, 30)]
+        assert row["samples"] == 1 and row["correct"] == (j % 2 == 0)
+    assert bins["all"][0]["samples"] == 3 + 12 and bins["all"][0]["correct"] == 1  # j = 0 everywhere; right on aime24
+    on_disk = json.loads((out / "eval_math.json").read_text())
+    assert on_disk["length_bins"]["all"] == bins["all"] and on_disk["length_bins"]["plot"] == "eval_math_length_bins.png"
+    assert (out / "eval_math_length_bins.png").stat().st_size > 10_000
+    markdown = (out / "eval_math.md").read_text()
+    assert "Protocol `respo-paper` (the ReSPO paper's evaluation" in markdown
+    assert "## Accuracy by response length" in markdown and "| 1 | 0-546 | 15 | 1 | 6.7 |" in markdown
+    samples = [json.loads(line) for line in (out / "eval_math_samples.jsonl").read_text().splitlines()]
+    assert len(samples) == total and {s["tokens"] for s in samples if s["benchmark"] == "math500"} == {0, 600, 1200, 1800}
+
+    from respo_trl.hub.card import render_card
+
+    card = str(render_card(output_dir=out, model_name="tiny", args={}, log_history=[], citation=""))
+    assert "Protocol `respo-paper` (the ReSPO paper's evaluation" in card
+    assert "| aime24 | 1 | 16 | 50.0" in card and "| math500 | 6 | 4 |" in card
+
+
+def test_bad_model_path_and_malformed_jsonl_fail_in_one_line(tmp_path, tiny_model_dir):
+    """Run as a user would: a missing model folder, a folder that is no model, and a broken JSONL line each end the
+    command with one line naming the problem (no traceback)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    good = tmp_path / "ok.jsonl"
+    good.write_text('{"problem": "1+1", "answer": "2"}\n')
+    bad = tmp_path / "broken.jsonl"
+    bad.write_text('{"problem": "1+1", "answer": "2"}\n{"problem": "2+2", "answer": 4\n')
+    cases = [
+        (["--model", str(tmp_path / "nope"), "--benchmarks", str(good)], "no such directory"),
+        (["--model", str(tmp_path), "--benchmarks", str(good)], "not a model folder (no config.json)"),
+        (["--model", tiny_model_dir, "--benchmarks", str(bad), "--backend", "transformers"], "broken.jsonl, line 2"),
+    ]
+    for argv, message in cases:
+        done = subprocess.run([sys.executable, str(ROOT / "recipes" / "eval_math.py"), *argv], capture_output=True,
+                              text=True, timeout=300, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+        assert done.returncode != 0
+        lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith(("INFO", "WARNING"))]
+        assert "Traceback" not in done.stderr and len(lines) == 1 and message in lines[0], done.stderr[-2000:]

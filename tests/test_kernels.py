@@ -360,3 +360,10 @@ def test_kernels_module_does_not_import_trl():
     code = "import sys, respo_trl, respo_trl.kernels, respo_trl.diagnostics, respo_trl.buffer; print('trl' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_every_name_the_package_exports_resolves():
+    import respo_trl
+
+    for name in respo_trl.__all__:
+        assert getattr(respo_trl, name) is not None, name

@@ -4,6 +4,7 @@ In-process runs use a ~10k-parameter tiny Qwen3 and take seconds. The multi-proc
 the way users do (`accelerate launch`), with 2 CPU processes.
 """
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -17,7 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "qwen3_respo.py"
 ACCELERATE_CONFIGS = ROOT / "recipes" / "accelerate"
-QWEN3_PRESETS = ["qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-30b-a3b"]
+QWEN3_PRESETS = [f"qwen3-{size}-epochs4" for size in ("0.6b", "1.7b", "4b", "8b", "14b", "30b-a3b")]
+PAPER_PRESETS = ["paper-qwen3-1.7b-base", "paper-qwen3-30b-a3b-base"]
 
 # The smallest run of the embedded default that still exercises every stage (warm start, evaluation, reuse, plots).
 SMALL = [
@@ -41,7 +43,7 @@ def run_recipe(recipe, tmp_path, *extra, name="run"):
 
 
 def test_every_preset_is_listed(recipe):
-    assert set(recipe.available_presets()) == {"tiny_cpu", *QWEN3_PRESETS}
+    assert set(recipe.available_presets()) == {"tiny_cpu", *QWEN3_PRESETS, *PAPER_PRESETS}
 
 
 @pytest.mark.parametrize("preset", QWEN3_PRESETS)
@@ -69,7 +71,7 @@ def test_qwen3_preset_parses_into_a_valid_config_for_the_gpus_it_names(recipe, p
     assert batch["generation_batch_size"] % training.num_generations == 0
     assert batch["optimizer_steps_per_generation"] == 4
     assert script.expected_num_processes % training.vllm_tensor_parallel_size == 0
-    if preset == "qwen3-30b-a3b":
+    if preset == "qwen3-30b-a3b-epochs4":
         assert training.router_aux_loss_coef > 0  # MoE: router load-balancing loss on
     else:
         assert training.router_aux_loss_coef is None
@@ -95,7 +97,7 @@ def test_no_arguments_is_the_tiny_cpu_preset_and_overrides_apply(recipe):
 
 
 def test_bad_preset_config_and_argument_names_fail_with_the_choices(recipe, tmp_path):
-    with pytest.raises(SystemExit, match="unknown preset 'qwen3-7b'.*qwen3-8b"):
+    with pytest.raises(SystemExit, match="unknown preset 'qwen3-7b'.*qwen3-8b-epochs4"):
         recipe.parse_args(["--preset", "qwen3-7b"])
     with pytest.raises(SystemExit, match="is not a file"):
         recipe.parse_args(["--config", str(tmp_path / "missing.yaml")])
@@ -116,7 +118,7 @@ def test_bad_preset_config_and_argument_names_fail_with_the_choices(recipe, tmp_
 
 
 def test_batch_arithmetic_is_checked_for_the_gpu_count_a_preset_names(recipe):
-    _, training, _ = recipe.parse_args(["--preset", "qwen3-4b", "--use_cpu", "true"])
+    _, training, _ = recipe.parse_args(["--preset", "qwen3-4b-epochs4", "--use_cpu", "true"])
     assert recipe.check_batch_arithmetic(training, 8)["generation_batch_size"] == 256
     training.num_generations = 12  # 2 x 8 x 16 = 256 completions do not split into groups of 12
     with pytest.raises(ValueError, match="not divisible by num_generations 12"):
@@ -124,6 +126,261 @@ def test_batch_arithmetic_is_checked_for_the_gpu_count_a_preset_names(recipe):
     training.num_generations, training.vllm_tensor_parallel_size = 8, 3
     with pytest.raises(ValueError, match="vllm_tensor_parallel_size 3"):
         recipe.check_batch_arithmetic(training, 8)
+
+
+def test_old_preset_names_point_to_the_renamed_presets_and_the_papers(recipe):
+    with pytest.raises(SystemExit, match="'qwen3-4b' was renamed 'qwen3-4b-epochs4'.*paper-qwen3-1.7b-base"):
+        recipe.parse_args(["--preset", "qwen3-4b"])
+
+
+# -- the paper's presets ----------------------------------------------------------------------------------------------
+
+PAPER_MODELS = {  # preset: (model, response cap, soft overlong ramp or None, vLLM TP, launch config)
+    "paper-qwen3-1.7b-base": ("Qwen/Qwen3-1.7B-Base", 15360, None, 1, "recipes/accelerate/zero2.yaml"),
+    "paper-qwen3-30b-a3b-base": ("Qwen/Qwen3-30B-A3B-Base", 8192, 4096, 4, "recipes/accelerate/zero3.yaml"),
+}
+
+
+def paper_args(recipe, preset, *extra, processes=8):
+    # bf16 needs a GPU or use_cpu on this machine; everything else is parsed exactly as on the cluster.
+    return recipe.parse_args(["--preset", preset, "--use_cpu", "true", *extra], num_processes=processes)
+
+
+@pytest.mark.parametrize("preset", PAPER_PRESETS)
+def test_paper_preset_is_the_papers_training_setup(recipe, preset):
+    """Every setting of docs/recipes.md's table 'Reproducing the paper with TRL' (the paper's facts), as parsed."""
+    model_id, cap, ramp, tp, launch = PAPER_MODELS[preset]
+    script, training, model = paper_args(recipe, preset)
+    assert model.model_name_or_path == model_id and model.dtype == "bfloat16"
+    assert (script.expected_num_processes, script.accelerate_config) == (8, launch) and (ROOT / launch).is_file()
+    # data: DAPO-Math-17k, DAPO's "Answer:" instruction replaced by the \boxed{} request, prompts up to 1,024 tokens
+    assert (script.dataset_name, script.dataset_config, script.answer_column) == (
+        "open-r1/DAPO-Math-17k-Processed", "all", "solution"
+    )
+    assert script.strip_dapo_instruction and script.system_prompt is None and script.max_prompt_length == 1024
+    assert script.prompt_template == "{problem} Please reason step by step, and put your final answer within \\boxed{}."
+    # optimiser
+    assert (training.learning_rate, training.warmup_steps, training.lr_scheduler_type.value) == (
+        1e-6, 0.05, "constant_with_warmup"
+    )
+    assert (training.weight_decay, training.max_grad_norm, training.beta) == (0.1, 1.0, 0.0)
+    # batch: 32 prompts x 8 responses per update, N = 8 updates per rollout batch, each sample once, 1,024 updates
+    assert (script.prompts_per_update, script.updates_per_rollout, training.num_generations) == (32, 8, 8)
+    assert (training.num_iterations, training.respo_reuse, training.max_steps) == (1, 1, 1024)
+    assert training.scale_rewards == "group" and not training.mask_truncated_completions
+    # rollouts: vLLM, temperature 1, top-p 1, response cap; no sampler correction (the paper applies none)
+    assert (training.temperature, training.top_p, training.top_k) == (1.0, 1.0, 0)
+    assert training.max_completion_length == cap and training.vllm_max_model_length == 1024 + cap
+    assert training.use_vllm and training.vllm_mode == "colocate" and training.vllm_tensor_parallel_size == tp
+    assert not training.vllm_importance_sampling_correction
+    # reward: DAPO +1/-1 accuracy (and the soft overlong penalty from 4,096 to 8,192 at 30B)
+    if ramp is None:
+        assert script.reward_funcs == ["dapo_accuracy"] and training.router_aux_loss_coef is None
+    else:
+        assert script.reward_funcs == ["dapo_accuracy", "soft_overlong"] and training.reward_weights == [1.0, 1.0]
+        assert script.soft_overlong_cache == ramp and training.router_aux_loss_coef > 0
+    assert script.eval_mode == "none" and script.algorithm == "respo" and training.loss_type == "respo"
+    # the kernel is ReSPOConfig's default, i.e. the paper's constants, on the raw sequence ratio, no trust mask
+    assert training.kernel_constants == {
+        "alpha_pos": 2.0, "beta_pos": 0.5, "lam_pos": 2.0, "alpha_neg": 1.0, "beta_neg": 0.5, "lam_neg": 2.0
+    }  # fmt: skip
+    assert training.respo_norm == "none" and not training.respo_trust_mask_active
+    assert training.output_dir == f"outputs/{preset}-respo-n8-seed0" and training.save_steps == 256
+
+
+@pytest.mark.parametrize("preset", PAPER_PRESETS)
+def test_paper_yaml_states_the_trl_fields_it_derives_for_8_gpus(recipe, preset):
+    """The YAML's own gradient_accumulation_steps / steps_per_generation are what the contract gives on the GPU count
+    it names, so the file read on its own tells the truth (8 processes x 2 x 16 = 256; N = 8 -> 128)."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "recipes" / "configs" / f"{preset}.yaml").read_text())
+    _, training, _ = paper_args(recipe, preset, processes=config["expected_num_processes"])
+    assert training.gradient_accumulation_steps == config["gradient_accumulation_steps"]
+    assert training.steps_per_generation == config["steps_per_generation"]
+    assert config["steps_per_generation"] == config["updates_per_rollout"] * config["gradient_accumulation_steps"]
+    assert "generation_batch_size" not in config
+
+
+@pytest.mark.parametrize("processes", [1, 8, 16])
+@pytest.mark.parametrize("n", [8, 16, 32])
+@pytest.mark.parametrize("preset", PAPER_PRESETS)
+def test_paper_batch_arithmetic_for_each_n_on_1_8_and_16_processes(recipe, preset, n, processes):
+    """Rollout batch N x 32 prompts x 8, N updates of 32 x 8 per rollout batch, each sample once, 1,024 updates."""
+    extra = ["--updates_per_rollout", str(n)]
+    if processes % PAPER_MODELS[preset][3]:
+        extra += ["--vllm_tensor_parallel_size", "1"]  # TP 4 cannot split 1 process (checked below)
+    _, training, _ = paper_args(recipe, preset, *extra, processes=processes)
+    batch = recipe.check_batch_arithmetic(training, processes)
+    assert batch["prompts_per_generation"] == 32 * n and batch["generation_batch_size"] == 256 * n
+    assert batch["updates_per_rollout"] == batch["optimizer_steps_per_generation"] == n
+    assert batch["completions_per_update"] == 256 and batch["prompts_per_update"] == 32
+    assert batch["reuse_epochs"] == 1 and batch["total_updates"] == 1024 and batch["rollout_batches"] == 1024 // n
+    # in TRL's own terms
+    assert training.per_device_train_batch_size * processes * training.gradient_accumulation_steps == 256
+    assert training.steps_per_generation == n * training.gradient_accumulation_steps and training.num_iterations == 1
+    assert training.output_dir.endswith(f"-respo-n{n}-seed0")
+
+
+def test_dry_run_prints_the_plan_for_the_process_count_it_names(recipe):
+    args = recipe.parse_args(
+        ["--preset", "paper-qwen3-30b-a3b-base", "--updates_per_rollout", "32", "--use_cpu", "true", "--dry_run", "16"]
+    )
+    plan = dict(line.rsplit("  ", 1) for line in recipe.batch_plan(*args).splitlines())
+    plan = {key.strip(): value.strip() for key, value in plan.items()}
+    assert plan["processes"] == "16" and plan["gradient_accumulation_steps"] == "8"  # 2 x 16 x 8 = 256
+    assert plan["steps_per_generation"] == "256" and plan["prompts per rollout batch"] == "1024"
+    assert plan["updates per rollout batch (N)"] == "32" and plan["rollout batches"] == "32"
+    assert plan["output_dir"] == "outputs/paper-qwen3-30b-a3b-base-respo-n32-seed0"
+
+
+def test_paper_preset_on_fewer_gpus_than_vllm_tensor_parallelism_names_the_field(recipe):
+    with pytest.raises(ValueError, match="vllm_tensor_parallel_size 4 does not divide 1 processes"):
+        paper_args(recipe, "paper-qwen3-30b-a3b-base", processes=1)
+
+
+@pytest.mark.parametrize(
+    ("extra", "processes", "message"),
+    [
+        (["--per_device_train_batch_size", "3"], 8,
+         r"per_device_train_batch_size 3 x 8 processes = 24 completions per micro-step does not divide the paper's "
+         r"mini-batch of 256 completions \(prompts_per_update 32 x num_generations 8\): use a "
+         r"per_device_train_batch_size that divides 32: one of \[1, 2, 4, 8, 16, 32\]"),
+        ([], 3, r"3 processes = 6 completions .* launch on a number of processes that divides 256"),
+        (["--gradient_accumulation_steps", "4"], 8,
+         r"gradient_accumulation_steps 4 x per_device_train_batch_size 2 x 8 processes = 64 completions per optimizer "
+         r"update, but the paper's mini-batch is 256 .*pass --gradient_accumulation_steps 16"),
+        (["--steps_per_generation", "64"], 8,
+         r"--steps_per_generation 64 with gradient_accumulation_steps 16 is not updates_per_rollout 8 .* must be 128"),
+        (["--num_iterations", "4"], 8, r"num_iterations \(respo_reuse\) must be 1, got 4"),
+        (["--generation_batch_size", "512"], 8, r"'generation_batch_size' and 'steps_per_generation' can not be both"),
+        (["--algorithm", "gspo", "--loss_type", "dapo"], 8,
+         r"--algorithm gspo sets loss_type='grpo' but the command line also sets loss_type='dapo'"),
+        (["--prompts_per_update", "3"], 8, r"8 processes = 16 completions per micro-step does not divide the paper's "
+         r"mini-batch of 24 completions \(prompts_per_update 3 x num_generations 8\).* divides 3: one of \[1, 3\]"),
+    ],
+)  # fmt: skip
+def test_overrides_that_break_the_papers_arithmetic_fail_at_parse_time(recipe, extra, processes, message):
+    """Before any model, tokenizer or dataset is touched: parse_args is the first thing the recipe runs."""
+    with pytest.raises(ValueError, match=message):
+        paper_args(recipe, "paper-qwen3-1.7b-base", *extra, processes=processes)
+
+
+def test_respo_config_updates_per_rollout_is_the_same_switch(recipe):
+    script, training, _ = paper_args(recipe, "paper-qwen3-1.7b-base", "--respo_updates_per_rollout", "32")
+    assert script.updates_per_rollout == 32 and training.steps_per_generation == 32 * 16
+    assert training.output_dir.endswith("-respo-n32-seed0")
+    with pytest.raises(ValueError, match="are the same setting"):
+        paper_args(recipe, "paper-qwen3-1.7b-base", "--respo_updates_per_rollout", "32", "--updates_per_rollout", "16")
+
+
+def test_consistent_explicit_overrides_are_accepted(recipe):
+    _, training, _ = paper_args(
+        recipe, "paper-qwen3-1.7b-base", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "8",
+        "--updates_per_rollout", "16", "--steps_per_generation", "128", processes=8,
+    )  # fmt: skip
+    assert (training.gradient_accumulation_steps, training.steps_per_generation) == (8, 128)
+    _, training, _ = paper_args(recipe, "paper-qwen3-1.7b-base", "--per_device_train_batch_size", "4", processes=8)
+    assert training.gradient_accumulation_steps == 8  # derived: 4 x 8 x 8 = 256
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "fields"),
+    [
+        ("respo", {"loss_type": "respo", "importance_sampling_level": "token"}),
+        ("grpo", {"loss_type": "dapo", "importance_sampling_level": "token", "epsilon": 0.2, "epsilon_high": 0.2}),
+        ("gspo", {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4}),
+        ("vespo", {"loss_type": "vespo", "importance_sampling_level": "token"}),
+    ],
+)
+def test_one_flag_switches_to_each_baseline_and_nothing_else(recipe, algorithm, fields):
+    _, reference, _ = paper_args(recipe, "paper-qwen3-1.7b-base")
+    _, training, _ = paper_args(recipe, "paper-qwen3-1.7b-base", "--algorithm", algorithm)
+    for key, value in fields.items():
+        assert getattr(training, key) == value, key
+    assert training.output_dir == f"outputs/paper-qwen3-1.7b-base-{algorithm}-n8-seed0"
+    from trl import GRPOConfig
+
+    defaults = GRPOConfig(output_dir="x", use_cpu=True)
+    for key in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
+        assert getattr(training, key) == getattr(defaults, key)  # VESPO at TRL's own defaults
+    changed = {
+        f.name for f in dataclasses.fields(reference)
+        if f.name != "output_dir" and getattr(reference, f.name) != getattr(training, f.name)
+    }  # fmt: skip
+    assert changed <= set(fields), changed
+
+
+def test_soft_overlong_penalty_is_zero_to_4096_then_linear_to_minus_one_at_8192(recipe):
+    script, training, _ = paper_args(recipe, "paper-qwen3-30b-a3b-base")
+    penalty = recipe.build_reward("soft_overlong", script, training)
+    lengths = [1, 4096, 4097, 5120, 6144, 8191, 8192]
+    assert penalty([[0] * n for n in lengths]) == pytest.approx([0, 0, -1 / 4096, -0.25, -0.5, -4095 / 4096, -1])
+    script.soft_overlong_cache = 0
+    with pytest.raises(ValueError, match="soft_overlong_cache"):
+        recipe.build_reward("soft_overlong", script, training)
+
+
+def test_dapo_accuracy_reward_is_plus_minus_one_on_the_training_grade():
+    from respo_trl.grading import dapo_accuracy_reward, gold_solution, grade
+
+    texts = ["\\boxed{34}", "\\boxed{35}", "Answer: 34", "\\boxed{34.0}", ""]
+    completions = [[{"role": "assistant", "content": text}] for text in texts]
+    rewards = dapo_accuracy_reward(completions, ["34"] * 5)
+    assert rewards == [1.0, -1.0, -1.0, 1.0, -1.0]
+    assert rewards == [2 * g.reward - 1 for g in grade(texts, [gold_solution("34")] * 5)]
+    assert dapo_accuracy_reward([[{"content": "\\boxed{1}"}]], [""]) == [None]  # unparseable gold: skipped
+
+
+DAPO_ROW = (
+    "Solve the following math problem step by step. The last line of your response should be of the form Answer: "
+    "$Answer (without quotes) where $Answer is the answer to the problem.\n\n{problem}\n\nRemember to put your "
+    'answer on its own line after "Answer:".'
+)
+
+
+def test_paper_data_preparation_strips_the_dapo_instruction_and_drops_long_prompts(recipe, tmp_path, tokenizer):
+    data = tmp_path / "dapo.jsonl"
+    problems = [f"What is {i}+{i}?" for i in range(6)] + ["x" * 200]
+    data.write_text("".join(json.dumps({"prompt": DAPO_ROW.format(problem=p), "solution": "1"}) + "\n" for p in problems))
+    script, _, _ = paper_args(recipe, "paper-qwen3-1.7b-base", "--dataset_name", str(data))
+    train, heldout = recipe.build_datasets(script)
+    assert heldout is None and len(train) == 7
+    assert train[0]["prompt"] == [
+        {"role": "user", "content": "What is 0+0? Please reason step by step, and put your final answer within \\boxed{}."}
+    ]
+    kept, dropped = recipe.drop_long_prompts(train, tokenizer, max_tokens=150)  # the character tokenizer: 1 token/char
+    assert dropped == 1 and len(kept) == 6 and all("xxx" not in row["prompt"][0]["content"] for row in kept)
+
+
+def test_paper_preset_trains_end_to_end_on_the_tiny_model(recipe, tmp_path, tiny_model_dir):
+    """The paper path on local files: DAPO-formatted prompts, long prompts dropped, +1/-1 reward plus the soft overlong
+    penalty, N = 2 updates per rollout batch of 2 prompts x 4 (each sample once: staleness 0, 1, 0, 1)."""
+    data = tmp_path / "dapo.jsonl"
+    rows = [{"prompt": DAPO_ROW.format(problem=f"{i}+{i % 3}"), "solution": str(i + i % 3)} for i in range(16)]
+    rows += [{"prompt": DAPO_ROW.format(problem="9" * 400), "solution": "9"}] * 2
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    args = recipe.parse_args(
+        ["--preset", "paper-qwen3-1.7b-base", "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data),
+         "--use_vllm", "false", "--use_cpu", "true", "--bf16", "false", "--activation_checkpointing", "false",
+         "--prompts_per_update", "2", "--num_generations", "4", "--per_device_train_batch_size", "4",
+         "--updates_per_rollout", "2", "--max_steps", "4", "--max_completion_length", "8",
+         "--max_prompt_length", "300", "--reward_funcs", "dapo_accuracy", "soft_overlong",
+         "--reward_weights", "1.0", "1.0", "--soft_overlong_cache", "4", "--save_strategy", "no",
+         "--output_dir", str(tmp_path / "paper")]
+    )  # fmt: skip
+    script, training, _ = args
+    assert (training.gradient_accumulation_steps, training.steps_per_generation) == (2, 4)
+    report = recipe.main(*args)
+    assert report["data"] == {"train_rows": 16, "max_prompt_length": 300, "dropped_long_prompts": 2}
+    batch = report["training"]["batch"]
+    assert (batch["updates_per_rollout"], batch["prompts_per_generation"], batch["rollout_batches"]) == (2, 4, 2)
+    history = json.loads((tmp_path / "paper" / "trainer_state.json").read_text())["log_history"]
+    assert [h["reuse/staleness_max"] for h in history if "reuse/staleness_max" in h] == [0, 1, 0, 1]
+    accuracy = [h["rewards/dapo_accuracy_reward/mean"] for h in history if "rewards/dapo_accuracy_reward/mean" in h]
+    penalty = [h[key] for h in history if (key := "rewards/soft_overlong_punishment_reward/mean") in h]
+    assert accuracy and all(-1.0 <= a <= 1.0 for a in accuracy)
+    assert penalty and all(-1.0 <= p <= 0.0 for p in penalty)
 
 
 # -- launch configs ---------------------------------------------------------------------------------------------------
@@ -189,7 +446,7 @@ def test_unknown_model_fails_on_its_config_before_any_weights(recipe, tmp_path, 
     args = recipe.parse_args(
         ["--model_name_or_path", "Qwen/Qwen3-0.7B", "--use_cpu", "true", "--output_dir", str(tmp_path / "o")]
     )
-    with pytest.raises(ValueError, match="cannot resolve model 'Qwen/Qwen3-0.7B'.*qwen3-0.6b"):
+    with pytest.raises(ValueError, match="cannot resolve model 'Qwen/Qwen3-0.7B'.*qwen3-0.6b-epochs4"):
         recipe.main(*args)
 
 
@@ -241,6 +498,11 @@ def test_tiny_default_runs_end_to_end_and_resumes_with_its_rollout_buffer(recipe
                  "trainer_state.json", "tokenizer.json"):  # fmt: skip
         assert (out / name).is_file(), name
     assert json.loads((out / "report.json").read_text())["heldout"]["after"] == report["heldout"]["after"]
+    best = report["heldout"]["best"]  # the best in-training point, measured on the whole held-out set too
+    assert best["step"] in (2, 4)
+    if not best["is_final"]:
+        assert best["accuracy"] is not None and best["n"] == 16 and (out / "best-heldout" / "model.safetensors").is_file()
+    assert str(out / "training_curves.png") in report["plots"]
     for step in (2, 4):
         assert (out / f"checkpoint-{step}" / "rollout_buffer-rank0.safetensors").is_file()
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
@@ -265,6 +527,32 @@ def test_tiny_default_runs_end_to_end_and_resumes_with_its_rollout_buffer(recipe
     assert latest["training"]["generated_tokens"] > report["training"]["generated_tokens"]
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     assert [h["reuse/staleness_max"] for h in history if "reuse/staleness_max" in h][-2:] == [0, 1]
+
+
+def test_an_output_dir_that_is_a_file_fails_before_the_warm_start(recipe, tmp_path):
+    blocker = tmp_path / "taken"
+    blocker.write_text("not a directory")
+    with pytest.raises(ValueError, match="exists and is a file"):
+        recipe.validate_args(*recipe.parse_args(["--output_dir", str(blocker)]))
+
+
+def test_the_tiny_recipe_on_cpu_uses_one_torch_thread(recipe, monkeypatch):
+    import logging
+
+    import torch
+
+    threads = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        torch.set_num_threads(2)
+        recipe.pick_cpu_threads(None, tiny=True, logger=logging.getLogger("test"))
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's choice wins
+        recipe.pick_cpu_threads(None, tiny=True, logger=logging.getLogger("test"))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_moe_tiny_model_trains_with_the_router_loss(recipe, tmp_path):

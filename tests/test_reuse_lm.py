@@ -22,42 +22,49 @@ def test_tokens_to_reach_interpolates_and_says_never(bench):
     assert bench.tokens_to_reach(curve, 0.95) is None
 
 
-def run(seed, loss, reuse, after, pos, curve, model="dense"):
+def run(seed, loss, setting, after, pos, curve, model="dense", low=(0.25, 0.5)):
+    staleness = int(setting[1:]) if setting.startswith("N") else 1
+    reuse = int(setting[1:]) if setting.startswith("R") else 1
     return {
-        "name": bench_name(model, loss, reuse, seed), "model": model, "loss": loss, "reuse": reuse, "seed": seed,
-        "before": curve[0][1], "after": after, "max_drop": 0.0, "generated_tokens": curve[-1][0],
+        "name": f"{model}-{loss}-{setting}-seed{seed}", "model": model, "loss": loss, "reuse": reuse,
+        "staleness": staleness, "setting": setting, "seed": seed, "before": curve[0][1], "after": after,
+        "max_drop": 0.0, "generated_tokens": curve[-1][0], "global_step": 10,
         "curve": [{"step": i, "generated_tokens": t, "accuracy": a, "n": 10} for i, (t, a) in enumerate(curve)],
-        "early": {"grad_throughput_pos": pos, "grad_throughput_neg": 1.0, "starved_frac_pos": 0.0},
+        "early": {"grad_throughput_pos": pos, "grad_throughput_neg": 1.0, "starved_frac_pos": 0.0,
+                  "low_weight_pos_share": low[0], "low_weight_pos_mass_share": low[1]},
         "wall_s": 1.0,
     }  # fmt: skip
 
 
-def bench_name(model, loss, reuse, seed):
-    return f"{model}-{loss}-R{reuse}-seed{seed}"
-
-
 def test_claims_pair_seeds_and_use_the_clipped_r1_final_accuracy(bench):
     results = [
-        run(0, "dapo", 1, 0.6, 1.0, [(0, 0.2), (1000, 0.6)]),
-        run(1, "dapo", 1, 0.8, 1.0, [(0, 0.2), (1000, 0.8)]),
-        run(0, "dapo", 4, 0.5, 0.5, [(0, 0.2), (1000, 0.5)]),
-        run(1, "dapo", 4, 0.6, 0.4, [(0, 0.2), (1000, 0.6)]),
-        run(0, "respo", 4, 0.7, 1.0, [(0, 0.2), (500, 0.7), (1000, 0.7)]),
-        run(1, "respo", 4, 0.9, 1.0, [(0, 0.2), (500, 0.7), (1000, 0.9)]),
+        run(0, "dapo", "R1", 0.6, 1.0, [(0, 0.2), (1000, 0.6)]),
+        run(1, "dapo", "R1", 0.8, 1.0, [(0, 0.2), (1000, 0.8)]),
+        run(0, "dapo", "R4", 0.5, 0.5, [(0, 0.2), (1000, 0.5)], low=(0.2, 0.1)),
+        run(1, "dapo", "R4", 0.6, 0.4, [(0, 0.2), (1000, 0.6)], low=(0.2, 0.1)),
+        run(0, "respo", "R4", 0.7, 1.0, [(0, 0.2), (500, 0.7), (1000, 0.7)]),
+        run(1, "respo", "R4", 0.9, 1.0, [(0, 0.2), (500, 0.7), (1000, 0.9)]),
+        run(0, "respo", "N8", 0.1, 1.0, [(0, 0.2), (250, 0.1)]),
+        run(0, "dapo", "N8", 0.3, 1.0, [(0, 0.2), (250, 0.3)]),
     ]
     summary = bench.summarize(results)
     claims = summary["claims"]
     table = bench.markdown(summary)
-    assert "| dense | respo | 4 | 20.0 ± 0.0 | 80.0 ± 14.1 |" in table  # before, after: mean ± std over seeds
-    assert "| dense respo R=4 | 20.0 | 70.0 | 80.0 |" in table  # the seed-mean curve
-    assert claims["early_pos_throughput_ratio_R4"]["mean"] == pytest.approx((2.0 + 2.5) / 2)
-    assert claims["respo_minus_clipped_R4_points"]["mean"] == pytest.approx(25.0)  # +20 and +30 points
-    tokens = claims["respo_R4_tokens_to_clipped_R1_final"]
+    assert "| dense | respo | R4 | 10 | 1 | 20.0 ± 0.0 | 80.0 ± 14.1 |" in table  # before, after: mean ± std over seeds
+    assert "| dense respo R4 | 20.0 @ 0k | 70.0 @ 0k | 80.0 @ 1k |" in table  # the seed-mean curve
+    r4 = claims["dense-R4"]
+    assert r4["early_pos_throughput_ratio_vs_clipped"]["mean"] == pytest.approx((2.0 + 2.5) / 2)
+    assert r4["respo_minus_dapo_points"]["mean"] == pytest.approx(25.0)  # +20 and +30 points
+    assert r4["respo_low_weight_pos_mass_ratio"]["mean"] == pytest.approx(2.0)  # 50% of the mass for 25%
+    assert r4["dapo_low_weight_pos_mass_ratio"]["mean"] == pytest.approx(0.5)
+    n8 = claims["dense-N8"]
+    assert n8["respo_minus_dapo_points"]["mean"] == pytest.approx(-20.0) and n8["respo_ended_below_start"] == 1
+    tokens = claims["fraction_of_clipped_R1_tokens_to_its_final_accuracy"]
     assert tokens["clipped_R1_final_accuracy"] == pytest.approx(0.7)  # mean of 0.6 and 0.8
-    assert tokens["respo_R4_tokens"] == pytest.approx(500)  # the seed-mean curve reaches 0.7 at 500 tokens
-    assert tokens["fraction_of_clipped_R1_tokens"] == pytest.approx(0.5)
-    by_loss = claims["R4_fraction_of_clipped_R1_tokens_by_loss"]
-    assert by_loss["respo"] == pytest.approx(0.5) and by_loss["dapo"] is None  # clipped R=4 never reaches 0.7
+    assert tokens["R4"]["respo"] == pytest.approx(0.5)  # the seed-mean curve reaches 0.7 at 500 of 1000 tokens
+    assert tokens["R4"]["dapo"] is None  # clipped R=4 never reaches 0.7
+    assert list(summary["arms"]) == ["dense-dapo-R1", "dense-dapo-R4", "dense-respo-R4", "dense-dapo-N8",
+                                     "dense-respo-N8"]  # settings ordered R before N
 
 
 def test_smoke_run_of_the_script(tmp_path):
@@ -65,32 +72,33 @@ def test_smoke_run_of_the_script(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
     command = [
         sys.executable, str(ROOT / "benchmarks" / "reuse_lm.py"), "--smoke", "--out", str(out), "--work", str(work),
-        "--seeds", "0", "--losses", "dapo", "respo", "--reuse", "1", "4", "--moe_losses", "respo", "--moe_reuse", "2",
-        "--generations", "2", "--eval_every", "1", "--workers", "1",
+        "--seeds", "0", "--losses", "dapo", "respo", "--reuse", "1", "4", "--staleness", "2", "--moe_losses", "respo",
+        "--generations", "2", "--eval_every", "1", "--updates", "4", "--eval_updates", "2", "--workers", "1",
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((out / "reuse_lm.json").read_text())
-    assert set(summary["arms"]) == {
-        "dense-dapo-R1",
-        "dense-dapo-R4",
-        "dense-respo-R1",
-        "dense-respo-R4",
-        "moe-respo-R2",
-    }
+    dense = {f"dense-{loss}-{s}" for loss in ("dapo", "respo") for s in ("R4", "N2")} | {"dense-dapo-R1"}
+    assert set(summary["arms"]) == dense | {"moe-respo-R1", "moe-respo-R4", "moe-respo-N2"}  # R1: one run for all
     arms = {path.stem: json.loads(path.read_text()) for path in (out / "arms").glob("*.json")}
     for name, arm in arms.items():
-        assert arm["global_step"] == 2 * arm["reuse"]  # the same 2 generation batches, R optimizer steps each
-        assert [p["step"] for p in arm["curve"]] == [0, arm["reuse"], 2 * arm["reuse"]]  # a point per generation
+        if arm["staleness"] == 1:  # epochs: the same 2 generation batches, R optimizer steps each
+            assert arm["global_step"] == 2 * arm["reuse"]
+            assert [p["step"] for p in arm["curve"]] == [0, arm["reuse"], 2 * arm["reuse"]]  # a point per generation
+        else:  # staleness: the same 4 policy updates, N = 2 per rollout batch, so 2 generation batches
+            assert arm["global_step"] == 4 and [p["step"] for p in arm["curve"]] == [0, 2, 4]
         assert arm["generated_tokens"] > 0 and 0 <= arm["after"] <= 1
-    assert {"early_pos_throughput_ratio_R4", "respo_minus_clipped_R4_points"} <= set(summary["claims"])
-    for png in ("reuse_lm.png", "reuse_lm_moe.png"):
+    n2, r1 = arms["dense-respo-N2-seed0"], arms["dense-dapo-R1-seed0"]
+    # each sample used once: the same sampled tokens per update as on-policy (2 rollout batches of 2 mini-batches)
+    assert n2["generated_tokens"] / n2["global_step"] == pytest.approx(r1["generated_tokens"] / r1["global_step"], rel=0.5)
+    assert {"dense-R4", "dense-N2", "moe-R4"} <= set(summary["claims"])
+    for png in ("reuse_lm.png", "reuse_lm_staleness.png", "reuse_lm_moe.png", "reuse_lm_moe_staleness.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert (work / "warm" / "dense-seed0" / "config.json").is_file()  # one warm start shared by the seed's arms
 
     again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert again.returncode == 0 and "5 arms, 5 already done, 0 to run" in again.stdout  # resumes, reruns nothing
+    assert again.returncode == 0 and "8 arms, 8 already done, 0 to run" in again.stdout  # resumes, reruns nothing
 
 
 def test_per_pass_groups_steps_by_their_pass_over_the_batch(bench):

@@ -41,10 +41,14 @@ def plot_run(
     title: str = "",
     accuracy_label: str = "held-out accuracy",
     loss_name: str = "loss",
+    reward_label: str = "mean training reward",
 ) -> list[str]:
     """Write ``accuracy_reward_vs_tokens.png`` and ``grad_throughput.png`` into ``output_dir``; return the paths.
 
-    ``accuracy_curve`` holds ``{"generated_tokens": ..., "accuracy": ...}`` points (before training at 0 tokens).
+    ``accuracy_curve`` holds ``{"generated_tokens": ..., "accuracy": ..., "n": ...}`` points (before training at 0
+    tokens). Points measured on fewer problems than the largest set (a subset during training) are drawn hollow and
+    labelled with their size, so they are not mistaken for the full evaluations. ``reward_label`` says what the reward
+    sums (e.g. accuracy + 0.1 x format, whose maximum is 1.1).
     """
     import matplotlib
 
@@ -57,7 +61,17 @@ def plot_run(
     fig, (ax_acc, ax_rew) = plt.subplots(1, 2, figsize=(11, 4))
     if accuracy_curve:
         xs = [p["generated_tokens"] for p in accuracy_curve]
-        ax_acc.plot(xs, [100 * p["accuracy"] for p in accuracy_curve], "o-", color="tab:blue")
+        ys = [100 * p["accuracy"] for p in accuracy_curve]
+        ax_acc.plot(xs, ys, "-", color="tab:blue", alpha=0.6)
+        sizes = [p.get("n") for p in accuracy_curve]
+        full = max((n for n in sizes if n), default=None)
+        for subset, style in ((False, dict(color="tab:blue")), (True, dict(markerfacecolor="white", color="tab:blue"))):
+            points = [(x, y, n) for x, y, n in zip(xs, ys, sizes) if (n is not None and n < (full or 0)) == subset]
+            if points:
+                label = f"first {points[0][2]} problems" if subset else f"all {full} problems" if full else None
+                ax_acc.plot([x for x, _, _ in points], [y for _, y, _ in points], "o", label=label, **style)
+        if full:
+            ax_acc.legend(loc="lower right", fontsize=8)
     ax_acc.set_xlabel("generated tokens (sampling compute)")
     ax_acc.set_ylabel(f"{accuracy_label} (%)")
     ax_acc.set_title("held-out accuracy")
@@ -73,7 +87,7 @@ def plot_run(
         ax_rew.plot(tokens, smooth, color="tab:orange", label=f"moving mean ({window})")
         ax_rew.legend(loc="lower right")
     ax_rew.set_xlabel("generated tokens (sampling compute)")
-    ax_rew.set_ylabel("mean training reward")
+    ax_rew.set_ylabel(reward_label)
     ax_rew.set_title("training reward")
     ax_rew.grid(alpha=0.3)
     if title:
@@ -98,6 +112,8 @@ def plot_run(
         ax_norm.plot(*zip(*points), ".", ms=4, label=f"pass {p}")
     ax_norm.axhline(1.0, color="k", lw=0.8)
     _label(ax_norm, "step size on reused rollouts", "grad_norm / fresh pass's grad_norm")
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     paths.append(os.path.join(output_dir, "grad_throughput.png"))
     fig.savefig(paths[-1], dpi=110)

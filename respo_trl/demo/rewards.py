@@ -72,6 +72,12 @@ def _reasoning_accuracy_reward():
     return reasoning_accuracy_reward
 
 
+def _dapo_accuracy_reward():
+    from respo_trl.grading import dapo_accuracy_reward
+
+    return dapo_accuracy_reward
+
+
 def _think_format_reward():
     from trl.rewards import think_format_reward
 
@@ -80,9 +86,12 @@ def _think_format_reward():
 
 # Names accepted by the recipe's ``--reward_funcs``; a dotted path ``package.module.function`` also works.
 # ``reasoning_accuracy`` (TRL) grades only the text after ``</think>``: stricter than ``accuracy`` for thinking models,
-# which also credits a box written inside unfinished reasoning.
+# which also credits a box written inside unfinished reasoning. ``dapo_accuracy`` scores +1/-1 (verl's DAPO reward
+# manager, the ReSPO paper's) with the same math-verify grading; ``soft_overlong`` is built by the recipe from
+# max_completion_length (trl.rewards.get_soft_overlong_punishment).
 REWARD_FUNCS: dict[str, Callable[[], Callable]] = {
     "accuracy": _accuracy_reward,
+    "dapo_accuracy": _dapo_accuracy_reward,
     "reasoning_accuracy": _reasoning_accuracy_reward,
     "format": lambda: boxed_format_reward,
     "think_format": _think_format_reward,

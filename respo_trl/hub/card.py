@@ -161,11 +161,8 @@ def training_curves(log_history: list[dict], path: str | os.PathLike) -> str | N
     axes[0].set(xlabel="optimizer step", ylabel="mean reward", title="reward")
     if has_tokens:
         axes[1].plot(tokens, rewards, marker="." if len(rows) < 50 else None, color="C1")
-        axes[1].set(
-            xlabel="generated tokens (reuse/generated_tokens)",
-            ylabel="mean reward",
-            title="reward vs sampling compute",
-        )
+        axes[1].set(xlabel="generated completion tokens (sampling compute)", ylabel="mean reward",
+                    title="reward vs sampling compute")  # fmt: skip
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.savefig(path, dpi=110)
@@ -319,7 +316,7 @@ def render_card(
     tags=(),
 ) -> ModelCard:
     """Render the card for the checkpoint in ``output_dir`` (writes the curve plot there; the card is returned)."""
-    from ..grading import results_table
+    from ..grading import generation_summary, results_table
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -340,13 +337,9 @@ def render_card(
     )
     eval_fields = {}
     if report:
-        g = report["generation"]
         eval_fields = dict(
             eval_table=results_table(report),
-            eval_settings=(
-                f"{g['n']} samples per problem, temperature {g['temperature']}, top-p {g['top_p']}, at most "
-                f"{g['max_new_tokens']} new tokens, {report['backend']} generation; percentages."
-            ),
+            eval_settings=generation_summary(report),  # names the protocol (e.g. respo-paper) when one was used
             eval_command=report.get("command", ""),
             eval_date=report.get("date", "an unrecorded date"),
         )
