@@ -8,11 +8,12 @@ the reference row, in both lab regimes (``moderate``: Adam lr 0.1, ``stress``: l
 epochs ``R = 4`` and staleness ``N`` in {8, 32} (the paper's reuse), 8 seeds. ``R = 8`` (a second epoch check) and
 ``R = 1`` (the on-policy identity, which the test suite checks at smoke size) are left out of the full run for CPU
 time; ``--settings R=1 R=4 R=8 N=8 N=32`` adds them. One factor at a time around the paper's kernel, the package
-default (``(alpha, beta, lam) = (2, 0.5, 2)`` for ``A >= 0``, ``(1, 0.5, 2)`` for ``A < 0``, ``respo_norm="none"``,
+default (``(alpha, beta, lam) = (2, 0.5, 2)`` for ``A >= 0``, ``(1, 0.5, 2)`` for ``A < 0``, the raw ``W``,
 no mask):
 
-* normalisation ``respo_norm`` in {mean (GSPO's), sqrt (the retired 0.1 kernel's), ess (rho_min 0.5)}: the spec keeps
-  these options only if evidence earns them a place;
+* normalisation of ``log W`` by mean (GSPO's), sqrt (the retired 0.1 kernel's) or ess (rho_min 0.5): the spec kept
+  these options only if evidence earned them a place; it did not, and the library dropped them (``respo_norm``).
+  They are the starvation lab's lab-only losses ``respo_mean``, ``respo_sqrt``, ``respo_ess``, the same math;
 * token trust mask: ``directional`` (the package's ``respo_trust_mask``, on by default when ``num_iterations > 1``) and
   ``symmetric`` (a lab-only loss registered here: zero a token's gradient whenever its ratio leaves
   ``[1 - eps, 1 + eps]``, whatever the advantage's sign: documented to starve low-weight positives);
@@ -90,11 +91,11 @@ from benchmarks.machine import machine_info  # noqa: E402
 from respo_trl.kernels import POLICY_LOSSES, LossParams, register_policy_loss, respo_coefficients  # noqa: E402
 
 
-def respo_symmetric_mask_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, gather=None):
+def respo_symmetric_mask_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None):
     """Lab-only: ReSPO's coefficient with a *symmetric* token mask, zero wherever ``r_it`` leaves
     ``[1 - epsilon_low, 1 + epsilon_high]`` whatever the sign of ``A`` (the variant the directional mask replaced)."""
     coef = respo_coefficients(log_ratio, advantages, mask, dataclasses.replace(params, respo_trust_mask=False),
-                              sampler_ratio=sampler_ratio, gather=gather)
+                              sampler_ratio=sampler_ratio)
     r = torch.exp(log_ratio.detach())
     keep = ((r >= 1 - params.epsilon_low) & (r <= 1 + params.epsilon_high)).to(coef.dtype)
     a = advantages.reshape(-1, 1) if advantages.dim() == 1 else advantages
@@ -127,7 +128,7 @@ CRITERIA = [
     "reported as findings.",
 ]
 
-DEFAULT = {"respo_norm": "none", "respo_rho_min": 0.5, "respo_trust_mask": False,
+DEFAULT = {"respo_trust_mask": False,
            "respo_alpha_pos": 2.0, "respo_beta_pos": 0.5, "respo_lambda_pos": 2.0,
            "respo_alpha_neg": 1.0, "respo_beta_neg": 0.5, "respo_lambda_neg": 2.0}  # the paper's kernel
 REFERENCE = "ppo_clip"
@@ -147,9 +148,7 @@ def _num(x: float) -> str:
 def variant_label(overrides: dict, registry: str = "respo") -> str:
     """A short label for the ReSPO setting that differs from the default by ``overrides``."""
     p = {**DEFAULT, **overrides}
-    parts = []
-    if p["respo_norm"] != DEFAULT["respo_norm"]:
-        parts.append(f"norm={p['respo_norm']}" + (f"({_num(p['respo_rho_min'])})" if p["respo_norm"] == "ess" else ""))
+    parts = [NORM_LABELS[registry]] if registry in NORM_LABELS else []
     if registry == "respo_symmetric":
         parts.append("mask=symmetric")
     elif p["respo_trust_mask"]:
@@ -161,7 +160,8 @@ def variant_label(overrides: dict, registry: str = "respo") -> str:
     return " ".join(parts) or DEFAULT_LABEL
 
 
-NORM_LEVELS = [{"respo_norm": "mean"}, {"respo_norm": "sqrt"}, {"respo_norm": "ess", "respo_rho_min": 0.5}]
+# the starvation lab's normalised-ReSPO losses (ess at rho_min = lab.ESS_RHO_MIN = 0.5) and their labels
+NORM_LABELS = {"respo_mean": "norm=mean", "respo_sqrt": "norm=sqrt", "respo_ess": f"norm=ess({_num(lab.ESS_RHO_MIN)})"}
 MASK_LEVELS = [("respo", {"respo_trust_mask": True}), ("respo_symmetric", {})]
 POS_LEVELS = [{"respo_lambda_pos": 1.0}, {"respo_lambda_pos": 3.0}, {"respo_beta_pos": 0.25},
               {"respo_alpha_pos": 1.0}, {"respo_beta_pos": 0.0}]
@@ -181,7 +181,7 @@ NOTES = {"norm=mean": "GSPO's geometric mean", "norm=sqrt": "the retired 0.1 ker
 
 def factor_levels(factor: str) -> list[tuple[str, dict]]:
     if factor == "norm":
-        return [("respo", dict(x)) for x in NORM_LEVELS]
+        return [(registry, {}) for registry in NORM_LABELS]
     if factor == "mask":
         return [(r, dict(x)) for r, x in MASK_LEVELS]
     if factor == "pos":
@@ -681,7 +681,7 @@ QUICK_SETTINGS = ["R=1", "R=4", "N=8"]
 QUICK_CONFIRM_SEEDS = (2, 3)
 QUICK = dict(prompts=8, group=8, max_len=64, min_len=16, batches=6, seeds=(0, 1), minibatch_prompts=4,
              diag_every=10**9)
-QUICK_LEVELS = {"norm": [("respo", {"respo_norm": "sqrt"})],
+QUICK_LEVELS = {"norm": [("respo_sqrt", {})],
                 "mask": [("respo", {"respo_trust_mask": True}), ("respo_symmetric", {})],
                 "pos": [("respo", {"respo_lambda_pos": 1.0}), ("respo", {"respo_beta_pos": 0.0})],
                 "neg": [("respo", {"respo_lambda_neg": 3.0})]}

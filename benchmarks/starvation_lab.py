@@ -7,7 +7,9 @@ What it shows
 The policy losses of :data:`respo_trl.kernels.POLICY_LOSSES` (clipped token PPO = TRL ``dapo``, GSPO, VESPO, ReSPO with
 the paper's constants, ReSPO with the directional token trust mask, and two importance-sampling references registered
 here: token IS and exact sequence IS) train the same simulated policy under the two kinds of rollout reuse of the
-spec (section 4), at an equal budget of generated tokens:
+spec (section 4), at an equal budget of generated tokens. Also registered here, for the ablation lab and ``--kernels``
+only: ReSPO on a normalised weight ``exp(l / T)`` (``respo_mean``, ``respo_sqrt``, ``respo_ess``), the options the
+library removed on that ablation's evidence.
 
 * **epochs** ``R`` in {1, 2, 4, 8} (TRL ``num_iterations``): each rollout batch of all ``P`` prompts feeds ``R``
   full-batch optimizer steps; every sample is used ``R`` times; pass ``r`` is ``r`` updates stale. More optimizer
@@ -69,7 +71,7 @@ How to run
 ----------
     PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/starvation_lab.py --out docs/benchmarks/starvation_lab   # full
     PYTHONPATH=. python benchmarks/starvation_lab.py --quick --out /tmp/lab                      # seconds (smoke size)
-    PYTHONPATH=. python benchmarks/starvation_lab.py --kernels ppo_clip respo --params respo_norm=mean --out /tmp/abl
+    PYTHONPATH=. python benchmarks/starvation_lab.py --kernels ppo_clip respo respo_mean --params epsilon_high=0.28
     PYTHONPATH=. python benchmarks/starvation_lab.py --lr 0.3 --reuse 4 --staleness 8 --out /tmp/lr03  # custom regime
     PYTHONPATH=. python benchmarks/starvation_lab.py --markdown-from docs/benchmarks/starvation_lab/starvation_lab.json
 
@@ -99,26 +101,72 @@ from respo_trl.kernels import (
     LOG_W_CLAMP,
     POLICY_LOSSES,
     LossParams,
+    directional_trust_mask,
     get_policy_loss,
     gradient_coefficients,
     register_policy_loss,
+    respo_kernel,
+    sequence_log_weight,
 )
 
 
 # Two reference losses only the lab compares (not TRL loss types, so not in the library's registry by default).
 # Registered once per process even if this file is imported under two module names (tests load it by path).
-def token_is_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, gather=None):
+def token_is_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None):
     """Plain token-level importance sampling, ``-r_it A_i``: PPO with the clip removed."""
     return -torch.exp(log_ratio) * advantages.reshape(-1, 1)
 
 
-def sequence_is_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, gather=None):
+def sequence_is_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None):
     """Exact sequence importance sampling: coefficient ``W_i = exp(l_i)`` (unbiased, unbounded variance)."""
     l = (torch.where(mask.bool(), log_ratio.detach(), 0.0)).sum(-1, keepdim=True)
     return -torch.exp(l.clamp(max=LOG_W_CLAMP)) * advantages.reshape(-1, 1) * log_ratio
 
 
-for _name, _fn in (("is", token_is_loss), ("is_seq", sequence_is_loss)):
+# ReSPO on a normalised sequence weight: the ablation's respo_mean / respo_sqrt / respo_ess (docs/benchmarks.md,
+# section 4). The library dropped these options on that evidence (the paper uses the raw W); they live here so the
+# ablation stays reproducible: the same math as the removed ``respo_norm`` (l clamped to +-20, divided, clamped again).
+ESS_RHO_MIN = 0.5  # the ESS floor the ablation used for "ess"
+BATCH_LEVEL_LOSSES = ("respo_ess",)  # one statistic over the whole batch: the lab computes these per seed
+
+
+def log_weight_divisor(l, lengths, norm: str):
+    """``T_i`` (shape (B,)): ``mean``: ``L_i`` (GSPO's geometric mean); ``sqrt``: ``sqrt(L_i)`` (the retired 0.1
+    kernel's); ``ess``: one ``T = max(1, std(l) / sqrt(-log rho_min))`` for the batch, so that the normalised Kish ESS
+    of ``exp(l / T)`` is at least ``rho_min`` if ``l`` is normal."""
+    if norm == "mean":
+        return lengths.clamp(min=1.0)
+    if norm == "sqrt":
+        return lengths.clamp(min=1.0).sqrt()
+    valid = l[(lengths > 0) & torch.isfinite(l)]
+    if valid.numel() < 2:
+        return torch.ones_like(l)
+    return (valid.std() / math.sqrt(-math.log(ESS_RHO_MIN))).clamp(min=1.0).expand_as(l)
+
+
+def normalised_respo_loss(norm: str):
+    def loss(log_ratio, advantages, mask, params, *, sampler_ratio=None):
+        if sampler_ratio is not None:
+            raise ValueError(f"respo_{norm} is a lab-only loss without a sampler correction")
+        with torch.no_grad():
+            kept = mask.bool()
+            l = sequence_log_weight(log_ratio, kept)
+            log_w = (l / log_weight_divisor(l, kept.sum(-1).float(), norm)).clamp(-LOG_W_CLAMP, LOG_W_CLAMP)
+            a = advantages.reshape(-1, 1) if advantages.dim() == 1 else advantages
+            phi = respo_kernel(log_w.unsqueeze(-1).expand(-1, a.shape[-1]), a.float(), **params.respo_constants())
+            coef = phi * kept.float()
+            if params.respo_trust_mask:
+                coef = coef * directional_trust_mask(log_ratio, advantages, kept, params.epsilon_low,
+                                                     params.epsilon_high)
+        return -coef * a * log_ratio
+
+    loss.__doc__ = f"Lab-only: ReSPO's kernel on ``exp(l_i / T_i)``, the ``{norm}`` divisor (not the paper's method)."
+    return loss
+
+
+LAB_LOSSES = {"is": token_is_loss, "is_seq": sequence_is_loss,
+              **{f"respo_{norm}": normalised_respo_loss(norm) for norm in ("mean", "sqrt", "ess")}}
+for _name, _fn in LAB_LOSSES.items():
     if _name not in POLICY_LOSSES:
         register_policy_loss(_name)(_fn)
 
@@ -140,6 +188,8 @@ KERNELS: dict[str, tuple[str, dict]] = {
 OPTIONAL_KERNELS: dict[str, tuple[str, dict]] = {
     "cispo": ("cispo", {"epsilon_high": 5.0}),  # ScaleRL / TRL docs value of epsilon_max for cispo
     "sapo": ("sapo", {}),  # TRL defaults, temperatures 1.0 / 1.05
+    # ReSPO on a length- or ESS-normalised weight (the ablation's norm=mean / sqrt / ess(0.5); not the paper's method)
+    **{f"respo_{norm}": (f"respo_{norm}", {"respo_trust_mask": False}) for norm in ("mean", "sqrt", "ess")},
 }
 ALL_KERNELS = {**KERNELS, **OPTIONAL_KERNELS}
 SAME_BATCH_HOST = "respo"  # the run whose batches the same-batch counterfactual is computed on
@@ -408,9 +458,7 @@ def train(task: Task, cfg: LabConfig, name: str, params: LossParams, setting: Re
     gen = torch.Generator().manual_seed(1234 + 17 * setting.n + offset)  # every kernel sees the same first rollout
     draws = prompt_stream(S, P, torch.Generator().manual_seed(4321 + setting.n + offset))
     early_batches = max(1, round(cfg.early_frac * cfg.batches))
-    # ess normalisation takes its scale from the whole batch: then each seed needs its own call
-    batch_stats = params.respo_norm == "ess"
-    slices = [slice(s, s + 1) for s in range(S)] if batch_stats else [slice(0, S)]
+    slices = seed_slices(name, S)
 
     def evaluate():
         with torch.no_grad():
@@ -497,6 +545,11 @@ def train(task: Task, cfg: LabConfig, name: str, params: LossParams, setting: Re
     }
 
 
+def seed_slices(name: str, S: int) -> list[slice]:
+    """The seeds are stacked in one batch; a loss of :data:`BATCH_LEVEL_LOSSES` is called on each seed's own."""
+    return [slice(s, s + 1) for s in range(S)] if name in BATCH_LEVEL_LOSSES else [slice(0, S)]
+
+
 def step_metrics(log_ratio, adv, mask, params, name, slices=None) -> list[dict]:
     """The trainer's starvation metrics for one update (one dict per seed), from :mod:`respo_trl.diagnostics`.
 
@@ -534,12 +587,13 @@ def same_batch_stats(log_ratio, adv, mask, kernels: dict) -> dict:
     """``{label: {"share"|"mass_share"|"mass_ratio": [per seed]}}``: the positive-branch diagnostic of each kernel's
     coefficients (label -> (registry name, LossParams)) on one batch, as :func:`summarize` computes it."""
     S, B, T = log_ratio.shape
-    flat_lr, flat_adv, flat_mask = log_ratio.flatten(0, 1), adv.flatten(), mask.flatten(0, 1)
+    flat_lr, flat_mask = log_ratio.flatten(0, 1), mask.flatten(0, 1)
     lengths = flat_mask.sum(-1)
     log_w = (flat_lr * flat_mask).sum(-1).clamp(-LOG_W_CLAMP, LOG_W_CLAMP).view(S, B)
     out = {}
     for label, (name, params) in kernels.items():
-        c = gradient_coefficients(name, flat_lr, flat_adv, flat_mask, params)
+        c = torch.cat([gradient_coefficients(name, log_ratio[sl].flatten(0, 1), adv[sl].flatten(),
+                                             mask[sl].flatten(0, 1), params) for sl in seed_slices(name, S)])
         cbar = (c.sum(-1) / lengths.clamp(min=1.0)).view(S, B)
         per_seed = [positive_low_weight_stats(log_w[s], cbar[s], adv[s], lengths.view(S, B)[s] > 0) for s in range(S)]
         out[label] = {k: [p[k] for p in per_seed] for k in ("share", "mass_share", "mass_ratio")}
@@ -1039,7 +1093,7 @@ def _round(value, digits: int = 5):
 
 
 def _parse_params(items: list[str]) -> dict:
-    """``["respo_norm=mean", "respo_alpha_pos=3", "respo_trust_mask=True"]`` -> LossParams overrides, typed by the
+    """``["epsilon_high=0.28", "respo_alpha_pos=3", "respo_trust_mask=True"]`` -> LossParams overrides, typed by the
     defaults."""
     defaults = LossParams()
     out = {}

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .kernels import NORM_MODES, RESPO_DEFAULTS, check_constant
+from .kernels import RESPO_DEFAULTS, check_constant
 from .routing_replay import config_problems
 
 TRUST_MASK_MODES = ("auto", "directional", "none")
@@ -59,11 +59,6 @@ class ReSPOConfig(GRPOConfig):
             Weight of ``W`` for ``A < 0``.
         respo_lambda_neg (`float`, defaults to `2.0`):
             Tilt for ``A < 0``; with (1, 0.5, 2) ``phi-`` is 0 at both tails and peaks at ``e/2`` at ``W = 1/4``.
-        respo_norm (`str`, defaults to `"none"`):
-            Divisor of ``log W``: ``"none"`` (the paper), or, for ablations only, ``"mean"`` (GSPO's geometric mean),
-            ``"sqrt"`` (the retired 0.1 kernel's) or ``"ess"``.
-        respo_rho_min (`float`, defaults to `0.5`):
-            ESS floor in (0, 1] used by ``respo_norm="ess"``.
         respo_trust_mask (`str`, defaults to `"auto"`):
             Directional token trust mask: zero a token's gradient exactly where clipped PPO would (``A > 0`` and token
             ratio above ``1 + epsilon_high``, or ``A < 0`` and below ``1 - epsilon_low``), keeping ``phi``. ``"auto"``
@@ -136,17 +131,6 @@ class ReSPOConfig(GRPOConfig):
     respo_lambda_neg: float = field(
         default=RESPO_DEFAULTS["lam_neg"],
         metadata={"help": "Variance-control tilt lambda (>= 0) of the negative-advantage branch (paper: 2)."},
-    )
-    respo_norm: str = field(
-        default="none",
-        metadata={
-            "help": "Divisor of log W: 'none' (the paper: raw sequence ratio); 'mean', 'sqrt', 'ess' for ablations.",
-            "choices": list(NORM_MODES),
-        },
-    )
-    respo_rho_min: float = field(
-        default=0.5,
-        metadata={"help": "ESS floor in (0, 1] that respo_norm='ess' guarantees under a log-normal model."},
     )
     respo_trust_mask: str = field(
         default="auto",
@@ -239,10 +223,6 @@ class ReSPOConfig(GRPOConfig):
         """Check the ReSPO fields (also used when a plain ``GRPOConfig`` is upgraded)."""
         for name, (_, kind) in KERNEL_FIELDS.items():
             setattr(self, name, check_constant(name, getattr(self, name), kind))
-        if self.respo_norm not in NORM_MODES:
-            raise ValueError(f"respo_norm must be one of {NORM_MODES}, got {self.respo_norm!r}")
-        if not (isinstance(self.respo_rho_min, (int, float)) and 0.0 < self.respo_rho_min <= 1.0):
-            raise ValueError(f"respo_rho_min must be in (0, 1], got {self.respo_rho_min!r}")
         if self.respo_trust_mask not in TRUST_MASK_MODES:
             raise ValueError(f"respo_trust_mask must be one of {TRUST_MASK_MODES}, got {self.respo_trust_mask!r}")
         if self.respo_updates_per_rollout is not None:
@@ -301,13 +281,13 @@ class ReSPOConfig(GRPOConfig):
 
 
 def describe_kernel(args: ReSPOConfig) -> str:
-    """One line naming the kernel constants, normalisation and trust mask in use."""
+    """One line naming the kernel constants (on the raw sequence ratio ``W``) and the trust mask in use."""
     c = args.kernel_constants
-    paper = all(c[k] == RESPO_DEFAULTS[k] for k in c) and args.respo_norm == "none"
+    paper = all(c[k] == RESPO_DEFAULTS[k] for k in c)
     mask = "directional token trust mask ON" if args.respo_trust_mask_active else "no token trust mask"
     return (
         f"ReSPO kernel (alpha, beta, lambda) pos=({c['alpha_pos']:g}, {c['beta_pos']:g}, {c['lam_pos']:g}) "
-        f"neg=({c['alpha_neg']:g}, {c['beta_neg']:g}, {c['lam_neg']:g}), respo_norm={args.respo_norm!r}"
+        f"neg=({c['alpha_neg']:g}, {c['beta_neg']:g}, {c['lam_neg']:g}) on the raw sequence ratio W"
         f"{' (the paper)' if paper else ''}; {mask} (respo_trust_mask={args.respo_trust_mask!r}, "
         f"num_iterations={args.num_iterations})"
     )
@@ -321,8 +301,8 @@ def respo_notes(args: ReSPOConfig) -> list[str]:
     if args.importance_sampling_level != "token":
         notes.append(
             f"importance_sampling_level={args.importance_sampling_level!r} does not apply to loss_type='respo': "
-            "ReSPO's weight is the raw sequence ratio W (the paper). For GSPO's length-normalised weight set "
-            "respo_norm='mean'; for GSPO itself use loss_type='grpo' with importance_sampling_level='sequence'."
+            "ReSPO uses the raw sequence ratio W, as the paper does (no length normalisation). For GSPO itself use "
+            "loss_type='grpo' with importance_sampling_level='sequence'."
         )
     if args.use_vllm and args.vllm_importance_sampling_correction:
         mode = args.vllm_importance_sampling_mode

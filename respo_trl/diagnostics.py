@@ -34,7 +34,6 @@ from .kernels import (
     gradient_coefficients,
     kish_ess,
     respo_kernel,
-    respo_log_weights,
     sequence_log_weight,
 )
 
@@ -57,7 +56,6 @@ def sequence_stats(
     *,
     sampler_ratio: Tensor | None = None,
     token_weight: Tensor | None = None,
-    gather=None,
 ) -> Tensor:
     """One row per sequence with the :data:`COLUMNS` needed by :func:`summarize` (float32, shape (B, 9)).
 
@@ -78,14 +76,14 @@ def sequence_stats(
         weight = mask_f if token_weight is None else mask_f * token_weight.float()
 
         def coefficients(name: str, loss_params: LossParams) -> Tensor:
-            c = gradient_coefficients(name, log_ratio, adv, mask, loss_params, sampler_ratio=sampler_ratio, gather=gather)
+            c = gradient_coefficients(name, log_ratio, adv, mask, loss_params, sampler_ratio=sampler_ratio)
             return c * weight
 
         c = coefficients(loss_name, params)
         clip_c = coefficients("ppo", dataclasses.replace(params, importance_sampling_level="token"))
         log_c, kept = fold_sampler_ratio(sampler_ratio, mask)
         log_w = sequence_log_weight(log_ratio, kept, log_c)  # raw log W, the diagnostic's x-axis for every loss
-        phi = respo_kernel(respo_log_weights(log_ratio, kept, params, log_c, gather), adv_seq, **params.respo_constants())
+        phi = respo_kernel(log_w, adv_seq, **params.respo_constants())  # ReSPO's phi, whatever loss is trained
         trust_masked = torch.zeros_like(lengths)
         if loss_name == "respo" and params.respo_trust_mask:
             kept_trust = directional_trust_mask(log_ratio, adv, kept, params.epsilon_low, params.epsilon_high)

@@ -5,7 +5,7 @@ Nothing here imports TRL: the functions take tensors and numbers and can be used
 
 * ``r_it = pi_theta(y_it) / pi_old(y_it)``                       token ratio against the policy that sampled
 * ``l_i = sum_t m_it log r_it (+ sum_t m_it log c_it)``          sequence log-weight; ``c`` is a sampler correction
-* ``log W_i = clamp(l_i / T_i, -20, 20)``                        ``T_i = 1`` in the paper (``respo_norm="none"``)
+* ``log W_i = clamp(l_i, -20, 20)``                              the raw sequence ratio: no length normalisation
 * ``phi0(W) = [(1 - beta) + beta W^(alpha-1)]^(1/(alpha-1))``    power mean of 1 and ``W`` (``W^beta`` at alpha = 1)
 * ``phi(W) = phi0(W) exp(lam (1 - phi0(W)))``                     variance-control tilt; branch by the sign of ``A``
 
@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 
 Tensor = torch.Tensor
-Gather = Optional[Callable[[Tensor], Tensor]]
 
 LOG_W_CLAMP = 20.0  # |log W| is clamped here (spec section 2; the authors' code clamps the same)
-NORM_MODES = ("none", "mean", "sqrt", "ess")
 
 # The paper's constants, used for every reported run (respo-paper-facts.md): positive (2, 0.5, 2), negative (1, 0.5, 2).
 RESPO_DEFAULTS = {"alpha_pos": 2.0, "beta_pos": 0.5, "lam_pos": 2.0, "alpha_neg": 1.0, "beta_neg": 0.5, "lam_neg": 2.0}
@@ -104,45 +102,6 @@ def sequence_log_weight(log_ratio: Tensor, mask: Tensor, log_sampler_ratio: Tens
             else:
                 l = l + torch.where(mask, log_c, 0.0).sum(-1)
         return l.clamp(-LOG_W_CLAMP, LOG_W_CLAMP)
-
-
-def normalization_scale(
-    l: Tensor, lengths: Tensor, norm: str = "none", rho_min: float = 0.5, gather: Gather = None
-) -> Tensor:
-    """The divisor ``T_i`` of the sequence log-weight (shape (B,)); ``none`` is the paper's method.
-
-    * ``none``: ``T_i = 1``, the true product ratio ``W_i`` (the paper; VESPO too).
-    * ``mean``: ``T_i = L_i``, the geometric mean of the token ratios (GSPO).
-    * ``sqrt``: ``T_i = sqrt(L_i)`` (the retired 0.1 default; kept for ablations).
-    * ``ess``: one ``T = max(1, std(l) / sqrt(-log rho_min))`` for the whole (gathered) micro-batch: if ``l`` is normal
-      with standard deviation ``sigma``, the normalised Kish ESS of ``exp(l / T)`` is at least ``rho_min``.
-
-    ``gather`` (e.g. ``accelerator.gather``) collects ``l`` from every process for the ``ess`` statistics, so every
-    process uses the same ``T``. Length normalisation is *not* the paper's method: it is offered for ablations only.
-    """
-    if norm == "none":
-        return torch.ones_like(l)
-    if norm == "mean":
-        return lengths.clamp(min=1.0)
-    if norm == "sqrt":
-        return lengths.clamp(min=1.0).sqrt()
-    if norm == "ess":
-        if not 0.0 < rho_min <= 1.0:
-            raise ValueError(f"rho_min must be in (0, 1], got {rho_min}")
-        stats = torch.stack([l.float(), (lengths > 0).float()], dim=-1)
-        if gather is not None:
-            stats = gather(stats)
-        valid_l = stats[:, 0][(stats[:, 1] > 0) & torch.isfinite(stats[:, 0])]
-        if valid_l.numel() < 2:
-            return torch.ones_like(l)
-        sigma = valid_l.std()
-        budget = math.sqrt(-math.log(rho_min))
-        if budget == 0.0:  # rho_min == 1: only exactly equal weights have ESS 1, so flatten them all
-            scale = torch.where(sigma > 0, torch.full_like(sigma, math.inf), torch.ones_like(sigma))
-        else:
-            scale = (sigma / budget).clamp(min=1.0)
-        return scale.expand_as(l).clone()
-    raise ValueError(f"Unknown normalization {norm!r}; expected one of {NORM_MODES}")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -258,8 +217,6 @@ class LossParams:
     respo_alpha_neg: float = RESPO_DEFAULTS["alpha_neg"]
     respo_beta_neg: float = RESPO_DEFAULTS["beta_neg"]
     respo_lambda_neg: float = RESPO_DEFAULTS["lam_neg"]
-    respo_norm: str = "none"
-    respo_rho_min: float = 0.5
     respo_trust_mask: bool = False
 
     @classmethod
@@ -291,7 +248,7 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {}
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Register ``fn(log_ratio, advantages, mask, params, *, sampler_ratio=None, gather=None) -> per_token_loss``.
+    """Register ``fn(log_ratio, advantages, mask, params, *, sampler_ratio=None) -> per_token_loss``.
 
     ``log_ratio`` is ``log pi_theta - log pi_old`` (B, T) and carries the gradient; ``advantages`` is (B,) or (B, T);
     ``sampler_ratio`` is the correction ratio described in :func:`fold_sampler_ratio`. A loss that folds
@@ -341,21 +298,21 @@ def _ppo_clip(log_ratio: Tensor, advantages: Tensor, params: LossParams) -> Tens
 
 
 @register_policy_loss("ppo")
-def ppo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, gather=None):
+def ppo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None):
     """Clipped PPO/GRPO at ``params.importance_sampling_level`` (TRL ``grpo``/``bnpo``/``dr_grpo``/``dapo``/``luspo``;
     GSPO is this loss at ``importance_sampling_level='sequence'``)."""
     return _ppo_clip(_level_log_weights(log_ratio, mask, params.importance_sampling_level), advantages, params)
 
 
 @register_policy_loss("gspo")
-def gspo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, gather=None):
+def gspo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None):
     """GSPO: the PPO clip on the geometric-mean sequence ratio, repeated on each token (TRL ``grpo`` with
     ``importance_sampling_level='sequence'``); summed over the ``L_i`` tokens the mean's ``1 / L_i`` cancels."""
     return _ppo_clip(_level_log_weights(log_ratio, mask, "sequence"), advantages, params)
 
 
 @register_policy_loss("cispo")
-def cispo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, gather=None):
+def cispo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None):
     """CISPO (MiniMax-M1): ``-min(r, eps_high).detach() * A * log pi``; the clipped weight scales, never zeroes."""
     weights = _level_log_weights(log_ratio, mask, params.importance_sampling_level)
     clamped = torch.clamp(torch.exp(weights), max=params.epsilon_high).detach()
@@ -363,7 +320,7 @@ def cispo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, gathe
 
 
 @register_policy_loss("sapo")
-def sapo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, gather=None):
+def sapo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None):
     """SAPO: a sigmoid gate ``4/tau * sigmoid(tau (r - 1))`` instead of the hard clip (TRL ``sapo``)."""
     a = _column(advantages)
     r = torch.exp(_level_log_weights(log_ratio, mask, params.importance_sampling_level))
@@ -388,7 +345,7 @@ def vespo_phi(log_ratio, advantages, mask, params: LossParams, sampler_ratio: Te
 
 
 @register_policy_loss("vespo")
-def vespo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, gather=None):
+def vespo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None):
     """VESPO: ``-phi(W_i).detach() * A_i * log pi`` with the gamma kernel on the sequence product ratio."""
     return -vespo_phi(log_ratio, advantages, mask, params, sampler_ratio) * _column(advantages) * log_ratio
 
@@ -400,21 +357,20 @@ def respo_coefficients(
     params: LossParams = LossParams(),
     *,
     sampler_ratio: Tensor | None = None,
-    gather: Gather = None,
 ) -> Tensor:
     """ReSPO's detached per-token coefficient (B, T): ``phi_{sign A}(W_i)`` on kept tokens, 0 elsewhere.
 
     1. The sampler correction is folded in log space (:func:`fold_sampler_ratio`): tokens or sequences it masks are
        dropped, never turned into a large negative log-weight.
-    2. ``l_i`` over the kept tokens (:func:`sequence_log_weight`), divided by ``T_i`` (``params.respo_norm``, ``none``
-       in the paper), clamped to [-20, 20]: ``log W_i``.
+    2. ``log W_i = clamp(l_i, -20, 20)`` over the kept tokens (:func:`sequence_log_weight`): the raw sequence ratio,
+       as in the paper (no length normalisation).
     3. ``phi_i`` from :func:`respo_kernel` with the branch of each advantage (per token if advantages are (B, T)).
     4. With ``params.respo_trust_mask``, tokens clipped PPO would stop in their advantage's direction get 0
        (:func:`directional_trust_mask`); ``phi`` itself is unchanged.
     """
     with torch.no_grad():
         log_c, kept = fold_sampler_ratio(sampler_ratio, mask)
-        log_w = respo_log_weights(log_ratio, kept, params, log_c, gather)
+        log_w = sequence_log_weight(log_ratio, kept, log_c)
         a = _column(advantages).detach()
         log_w_t = log_w.unsqueeze(-1).expand(-1, a.shape[-1])
         phi = respo_kernel(log_w_t, a.float(), **params.respo_constants())  # (B, 1) or (B, T)
@@ -424,22 +380,10 @@ def respo_coefficients(
         return coef
 
 
-def respo_log_weights(
-    log_ratio: Tensor, mask: Tensor, params: LossParams, log_sampler_ratio: Tensor | None = None, gather: Gather = None
-) -> Tensor:
-    """``log W_i = clamp(l_i / T_i, -20, 20)`` (B,): :func:`sequence_log_weight` then :func:`normalization_scale`."""
-    with torch.no_grad():
-        l = sequence_log_weight(log_ratio, mask, log_sampler_ratio)
-        if params.respo_norm == "none":
-            return l
-        scale = normalization_scale(l, mask.sum(-1).float(), params.respo_norm, params.respo_rho_min, gather)
-        return (l / scale).clamp(-LOG_W_CLAMP, LOG_W_CLAMP)
-
-
 @register_policy_loss("respo")
-def respo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, gather=None):
+def respo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None):
     """ReSPO: ``-c_it * A_i * log pi_theta(y_it)`` with the detached coefficient of :func:`respo_coefficients`."""
-    coef = respo_coefficients(log_ratio, advantages, mask, params, sampler_ratio=sampler_ratio, gather=gather)
+    coef = respo_coefficients(log_ratio, advantages, mask, params, sampler_ratio=sampler_ratio)
     return -coef * _column(advantages) * log_ratio
 
 
@@ -479,7 +423,6 @@ def gradient_coefficients(
     params: LossParams = LossParams(),
     *,
     sampler_ratio: Tensor | None = None,
-    gather: Gather = None,
 ) -> Tensor:
     """Effective coefficients ``c_it`` (B, T) of a registered loss, by differentiating it w.r.t. ``log pi_theta``.
 
@@ -493,7 +436,7 @@ def gradient_coefficients(
     sign = sign.squeeze(-1) if advantages.dim() == 1 else sign
     with torch.enable_grad():
         rho = torch.where(mask.bool(), log_ratio.detach().float(), 0.0).requires_grad_(True)
-        per_token = loss_fn(rho, sign, mask, params, sampler_ratio=sampler_ratio, gather=gather)
+        per_token = loss_fn(rho, sign, mask, params, sampler_ratio=sampler_ratio)
         if sampler_ratio is not None and name not in FOLDS_SAMPLER_RATIO:
             per_token = per_token * sampler_ratio.float()
         total = (per_token * mask.to(per_token.dtype)).sum()

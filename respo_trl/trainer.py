@@ -250,7 +250,6 @@ class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
             mask,
             self.loss_params,
             sampler_ratio=importance_sampling_ratio,
-            gather=self.accelerator.gather,
         )
 
     def get_high_entropy_mask(self, entropies, mask, threshold):
@@ -323,7 +322,6 @@ class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
             self._loss_name,
             sampler_ratio=self._sampler_ratio(inputs),
             token_weight=token_weight,
-            gather=self.accelerator.gather,
         )
         versions = inputs.get(VERSION_KEY)
         staleness = (self.state.global_step - versions).float() if versions is not None else torch.zeros(len(table))

@@ -24,7 +24,7 @@ def test_defaults(configs, tmp_path):
     assert args.loss_type == "respo"
     fields = ("alpha_pos", "beta_pos", "lambda_pos", "alpha_neg", "beta_neg", "lambda_neg")
     assert tuple(getattr(args, f"respo_{f}") for f in fields) == (2.0, 0.5, 2.0, 1.0, 0.5, 2.0)  # the paper's
-    assert args.respo_norm == "none" and args.respo_reuse == args.num_iterations == 1
+    assert args.respo_reuse == args.num_iterations == 1
     assert args.kernel_constants == {"alpha_pos": 2.0, "beta_pos": 0.5, "lam_pos": 2.0, "alpha_neg": 1.0,
                                      "beta_neg": 0.5, "lam_neg": 2.0}
     # baselines keep TRL's own defaults (the sampler-correction mode among them)
@@ -75,9 +75,6 @@ def test_every_respo_field_has_help_text(configs):
         ("respo_lambda_pos", -1.0, "respo_lambda_pos"),
         ("respo_alpha_neg", float("nan"), "respo_alpha_neg"),
         ("respo_lambda_neg", float("inf"), "respo_lambda_neg"),
-        ("respo_norm", "median", "respo_norm"),
-        ("respo_rho_min", 0.0, "respo_rho_min"),
-        ("respo_rho_min", 1.5, "respo_rho_min"),
         ("respo_reuse", 0, "respo_reuse"),
         ("respo_min_ess", 0.0, "respo_min_ess"),
         ("respo_min_ess", 2.0, "respo_min_ess"),
@@ -101,7 +98,8 @@ def test_every_config_trl_accepts_is_accepted(configs, tmp_path):
         (note,) = respo_notes(args)
         assert mode in note and "multiplied by the ratio again" in note
     gspo = build(configs, tmp_path, importance_sampling_level="sequence")
-    assert any("respo_norm='mean'" in note for note in respo_notes(gspo))
+    (note,) = respo_notes(gspo)
+    assert "raw sequence ratio W" in note and "loss_type='grpo' with importance_sampling_level='sequence'" in note
     assert respo_notes(build(configs, tmp_path)) == []
     assert respo_notes(build(configs, tmp_path, loss_type="dapo", use_vllm=True)) == []
 
@@ -128,7 +126,7 @@ def test_upgrade_plain_grpo_config_keeps_its_settings(configs, tmp_path):
     assert upgraded.loss_type == "respo" and upgraded.respo_reuse == 3 and upgraded.num_iterations == 3
     assert upgraded.beta == 0.04 and upgraded.epsilon_high == 0.28
     assert upgraded.generation_batch_size == plain.generation_batch_size
-    assert upgraded.respo_norm == "none" and upgraded.respo_alpha_pos == 2.0
+    assert upgraded.respo_alpha_pos == 2.0
     assert upgraded.respo_trust_mask_active  # num_iterations=3 reuses samples
     # TRL's default vLLM mode and GSPO-style settings are kept, not refused
     vllm = GRPOConfig(output_dir=str(tmp_path), **{**CPU_ARGS, "use_vllm": True, "importance_sampling_level": "sequence"})
@@ -141,6 +139,23 @@ def test_config_parses_from_command_line(configs):
     from trl import TrlParser
 
     (args,) = TrlParser((configs[0],)).parse_args_into_dataclasses(
-        ["--output_dir", "x", "--use_cpu", "--bf16", "False", "--respo_norm", "ess", "--respo_rho_min", "0.3", "--respo_reuse", "4"]
+        ["--output_dir", "x", "--use_cpu", "--bf16", "False", "--respo_trust_mask", "directional", "--respo_min_ess", "0.3",
+         "--respo_reuse", "4"]
     )
-    assert args.respo_norm == "ess" and args.respo_rho_min == 0.3 and args.num_iterations == 4
+    assert args.respo_trust_mask == "directional" and args.respo_min_ess == 0.3 and args.num_iterations == 4
+
+
+def test_removed_normalisation_option_is_an_error_naming_it(configs, tmp_path):
+    """respo_norm / respo_rho_min were removed (docs/benchmarks.md, section 4): passing them fails loudly, by name."""
+    from trl import TrlParser
+
+    from respo_trl.config import describe_kernel
+
+    with pytest.raises(TypeError, match="respo_norm"):
+        build(configs, tmp_path, respo_norm="mean")
+    with pytest.raises(ValueError, match="respo_rho_min"):
+        TrlParser((configs[0],)).parse_args_into_dataclasses(
+            ["--output_dir", "x", "--use_cpu", "--bf16", "False", "--respo_rho_min", "0.3"]
+        )
+    line = describe_kernel(build(configs, tmp_path))
+    assert "raw sequence ratio W (the paper)" in line and "respo_norm" not in line

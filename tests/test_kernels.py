@@ -1,6 +1,7 @@
 """The pure-torch kernel module against the paper's closed forms, the spec's table, the family formula, its calculus
 at W = 1, its boundary conditions, and hostile inputs. Each test names the bug it would catch."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -224,41 +225,16 @@ def test_per_token_advantages_take_the_branch_per_token():
     torch.testing.assert_close(coef, K.respo_kernel(log_w, adv))
 
 
-def test_normalisation_modes_for_ablations():
-    log_ratio = torch.tensor([[0.1, -0.3, 0.2, 0.0], [1.0, 1.0, 0.0, 0.0]])
-    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
-    l = torch.tensor([0.0, 2.0])
-    lengths = torch.tensor([3.0, 2.0])
-    for norm, divisor in (("none", torch.ones(2)), ("mean", lengths), ("sqrt", lengths.sqrt())):
-        params = K.LossParams(respo_norm=norm)
-        torch.testing.assert_close(K.respo_log_weights(log_ratio, mask, params), l / divisor, msg=norm)
-    with pytest.raises(ValueError, match="normalization"):
-        K.normalization_scale(l, lengths, "median")
-
-
-def test_ess_normalization_keeps_effective_sample_size_above_floor():
-    gen = torch.Generator().manual_seed(7)
-    for sigma, rho_min in [(4.0, 0.5), (2.0, 0.8), (6.0, 0.2)]:
-        l = torch.randn(20_000, generator=gen, dtype=torch.float64) * sigma
-        log_ratio = torch.stack([l, torch.zeros_like(l)], dim=-1)
-        s = K.respo_log_weights(log_ratio, torch.ones_like(log_ratio), K.LossParams(respo_norm="ess", respo_rho_min=rho_min))
-        assert K.kish_ess(l.clamp(-20, 20)).item() < rho_min  # raw weights are degenerate...
-        assert K.kish_ess(s).item() == pytest.approx(rho_min, abs=0.03)  # ...normalised ones sit at the floor
-
-
-def test_ess_normalisation_uses_the_gathered_batch():
-    """Catches: the cross-process gather dropped (each rank would use its own, different scale)."""
-    other_process = torch.tensor([[10.0, 1.0], [-10.0, 1.0]])  # (l, valid) rows from another rank
-    gather = lambda t: torch.cat([t, other_process])  # noqa: E731
-    log_ratio, mask = torch.tensor([[4.0], [-4.0]]), torch.ones(2, 1)
-    params = K.LossParams(respo_norm="ess")
-    with_gather = K.respo_log_weights(log_ratio, mask, params, gather=gather)
-    expected_T = torch.tensor([4.0, -4.0, 10.0, -10.0]).std() / math.sqrt(-math.log(0.5))
-    torch.testing.assert_close(with_gather, torch.tensor([4.0, -4.0]) / expected_T)
-    alone = K.respo_log_weights(log_ratio, mask, params)
-    assert not torch.allclose(alone, with_gather)
-    coef = K.respo_coefficients(log_ratio, torch.ones(2), mask, params, gather=gather)
-    torch.testing.assert_close(coef[:, 0], K.respo_kernel(with_gather, torch.ones(2)))
+def test_log_weight_is_the_raw_sequence_ratio_whatever_the_length():
+    """Catches: a length normalisation of log W creeping back (the paper uses the raw ratio; the ablation's mean,
+    sqrt and ess divisors were removed from the library and live in the lab)."""
+    log_ratio = torch.tensor([[-1.0, 0.0, 0.0, 0.0], [-0.25, -0.25, -0.25, -0.25], [-6.0, -6.0, -6.0, -6.0]])
+    mask = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]])
+    adv = torch.ones(3)
+    coef = K.respo_coefficients(log_ratio, adv, mask)
+    expected = K.respo_kernel(torch.tensor([-1.0, -1.0, -20.0]), adv)  # same l = -1 at lengths 1 and 4; -24 clamps
+    torch.testing.assert_close(coef.sum(-1) / mask.sum(-1), expected)
+    assert not {"respo_norm", "respo_rho_min"} & {f.name for f in dataclasses.fields(K.LossParams)}
 
 
 def _closed_form_coefficients(name, log_ratio, adv, mask, p):
@@ -323,10 +299,9 @@ def test_losses_finite_on_extreme_ratios_empty_masks_and_zero_advantages(name):
     for adv in (torch.tensor([1.0, -1.0, 1.0, -2.0]), torch.zeros(4)):
         c = K.gradient_coefficients(name, log_ratio, adv, mask)
         assert torch.isfinite(c).all(), c
-    for norm in K.NORM_MODES:
-        params = K.LossParams(respo_norm=norm, respo_trust_mask=True)
-        coef = K.respo_coefficients(log_ratio, torch.tensor([1.0, -1.0, 0.0, 1.0]), mask, params)
-        assert torch.isfinite(coef).all() and (coef[2] == 0).all()
+    params = K.LossParams(respo_trust_mask=True)
+    coef = K.respo_coefficients(log_ratio, torch.tensor([1.0, -1.0, 0.0, 1.0]), mask, params)
+    assert torch.isfinite(coef).all() and (coef[2] == 0).all()
 
 
 def test_on_policy_coefficients_are_one_for_every_loss():

@@ -60,7 +60,7 @@ def trained(tokenizer, toy_dataset, tmp_path_factory):
             "respo_reuse": 2,
             "save_strategy": "steps",
             "save_steps": 2,
-            "respo_norm": "ess",
+            "respo_trust_mask": "directional",
         },
     )
     trainer = ReSPOTrainer(
@@ -84,16 +84,17 @@ def test_card_written_on_checkpoint_save(trained):
     assert data.model_name == "tiny-respo"
     assert data.base_model is None  # a locally built model has no Hub base model; none is invented
     assert "trained with ReSPO" in card
-    # Method, kernel parameters, reuse factor, norm.
+    # Method, kernel parameters, reuse factor, trust mask.
     args = trainer.args
     for name in ("respo_alpha_pos", "respo_beta_pos", "respo_lambda_pos", "respo_alpha_neg", "respo_beta_neg",
-                 "respo_lambda_neg", "respo_rho_min", "respo_trust_mask"):
+                 "respo_lambda_neg", "respo_trust_mask"):
         assert f"| `{name}` | {getattr(args, name)} |" in card
-    assert "| `respo_norm` | ess |" in card and "| `loss_type` | respo |" in card and "| `respo_reuse` | 2 |" in card
+    assert "| `respo_trust_mask` | directional |" in card  # the non-default setting the run was given
+    assert "| `loss_type` | respo |" in card and "| `respo_reuse` | 2 |" in card
     assert "fed 1 optimizer update per pass (the paper's N) over 2 passes" in card
     assert "`(alpha, beta, lambda) = (2.0, 0.5, 2.0)` for positive advantages" in card
-    assert "an ablation, not the paper's method" in card  # respo_norm="ess" is said to be one
-    assert "directional token trust mask (not in the paper)" in card  # on by default with R = 2
+    assert "(no length normalisation)" in card and "respo_norm" not in card  # the raw W, as in the paper
+    assert "directional token trust mask (not in the paper)" in card
     # Library versions.
     from importlib.metadata import version
 
@@ -178,7 +179,7 @@ def test_cli_rebuilds_the_card_from_an_output_dir(trained, tmp_path):
     card = out.read_text()
     data = ModelCard(card).data
     assert data.base_model == "Qwen/Qwen3-0.6B" and data.datasets == ["openai/gsm8k"]  # kept from the old card
-    assert 'from_pretrained("me/tiny-respo"' in card and "| `respo_norm` | ess |" in card
+    assert 'from_pretrained("me/tiny-respo"' in card and "| `respo_trust_mask` | directional |" in card
     assert (
         "](card.png)" in card
         and (tmp_path / "card.png").read_bytes() == (output_dir / "training_curves.png").read_bytes()

@@ -184,7 +184,7 @@ def test_paper_preset_is_the_papers_training_setup(recipe, preset):
     assert training.kernel_constants == {
         "alpha_pos": 2.0, "beta_pos": 0.5, "lam_pos": 2.0, "alpha_neg": 1.0, "beta_neg": 0.5, "lam_neg": 2.0
     }  # fmt: skip
-    assert training.respo_norm == "none" and not training.respo_trust_mask_active
+    assert not training.respo_trust_mask_active
     assert training.output_dir == f"outputs/{preset}-respo-n8-seed0" and training.save_steps == 256
 
 

@@ -1,7 +1,6 @@
 """The starvation lab at smoke size: the reuse schedules, on-policy identities, the kernels' closed forms, the
 positive-branch diagnostic as the trainer logs it, the JSON schema and the CLI."""
 
-import dataclasses
 import json
 import math
 
@@ -9,7 +8,7 @@ import pytest
 import torch
 
 from respo_trl.diagnostics import positive_low_weight_stats
-from respo_trl.kernels import LossParams
+from respo_trl.kernels import LossParams, gradient_coefficients, kish_ess, respo_kernel
 
 
 @pytest.fixture(scope="module")
@@ -218,22 +217,62 @@ def test_phi_curves_match_the_closed_forms(result):
     torch.testing.assert_close(c["is_seq"]["pos"], w, rtol=1e-5, atol=1e-12)
 
 
+# -- the ablation's normalised ReSPO (lab-only since the library dropped respo_norm) -----------------------------------
+
+
+def test_normalised_respo_divides_the_clamped_log_weight(lab):
+    """Catches: the moved mean/sqrt divisors drifting from the removed library option (l clamped, divided, clamped)."""
+    log_ratio = torch.tensor([[0.1, -0.3, 0.2, 0.0], [1.0, 1.0, 0.0, 0.0], [-15.0, -15.0, -15.0, -15.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    adv = torch.tensor([1.0, -1.0, 1.0])
+    l, lengths = torch.tensor([0.0, 2.0, -20.0]), torch.tensor([3.0, 2.0, 4.0])  # -60 is clamped before dividing
+    for norm, divisor in (("mean", lengths), ("sqrt", lengths.sqrt())):
+        c = gradient_coefficients(f"respo_{norm}", log_ratio, adv, mask, LossParams())
+        torch.testing.assert_close(c.sum(-1) / lengths, respo_kernel(l / divisor, adv), msg=norm)
+    with pytest.raises(ValueError, match="sampler correction"):
+        gradient_coefficients("respo_mean", log_ratio, adv, mask, LossParams(), sampler_ratio=torch.ones(3, 4))
+
+
+def test_ess_normalisation_keeps_effective_sample_size_at_the_floor(lab):
+    gen = torch.Generator().manual_seed(7)
+    for sigma in (2.0, 4.0, 6.0):
+        l = torch.randn(20_000, generator=gen, dtype=torch.float64) * sigma
+        log_w = l / lab.log_weight_divisor(l, torch.ones_like(l), "ess")
+        assert kish_ess(l.clamp(-20, 20)).item() < lab.ESS_RHO_MIN  # raw weights are degenerate...
+        assert kish_ess(log_w).item() == pytest.approx(lab.ESS_RHO_MIN, abs=0.03)  # ...normalised ones at the floor
+    assert (lab.log_weight_divisor(torch.tensor([0.1, -0.1]), torch.ones(2), "ess") == 1).all()  # never sharpens
+
+
+@pytest.mark.parametrize("norm", ["mean", "sqrt", "ess"])
+def test_normalised_respo_is_finite_and_on_policy_one(lab, norm):
+    log_ratio = torch.tensor([[1e4, -1e4, 0.0], [-1e4, -1e4, -1e4], [1e4, 1e4, 1e4], [0.5, float("nan"), 0.1]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 1], [0, 0, 0], [1, 0, 1]])
+    params = LossParams(respo_trust_mask=True)
+    c = gradient_coefficients(f"respo_{norm}", log_ratio, torch.tensor([1.0, -1.0, 0.0, 1.0]), mask, params)
+    assert torch.isfinite(c).all() and (c[2] == 0).all()
+    on_policy = gradient_coefficients(f"respo_{norm}", torch.zeros(4, 5), torch.tensor([1.0, -1.0, 0.5, -0.5]),
+                                      torch.ones(4, 5), params)
+    torch.testing.assert_close(on_policy, torch.ones(4, 5))
+
+
 def test_ess_normalisation_runs_per_seed(lab):
+    """The seeds are stacked in one batch: the ess scale must come from each seed's own batch."""
+    assert lab.seed_slices("respo_ess", 3) == [slice(0, 1), slice(1, 2), slice(2, 3)]
+    assert lab.seed_slices("respo_mean", 3) == [slice(0, 3)]
     cfg = lab.LabConfig(**{**lab.QUICK, "batches": 2})
     task = lab.Task(cfg, cfg.seeds)
-    params = dataclasses.replace(LossParams(), respo_norm="ess")
-    run = lab.train(task, cfg, "respo", params, lab.Reuse("epochs", 2))
+    run = lab.train(task, cfg, "respo_ess", LossParams(), lab.Reuse("epochs", 2))
     assert all(run["finite"]) and all(math.isfinite(v) for v in run["early"]["pos"])
 
 
 def test_cli_writes_json_and_figures(lab, tmp_path):
-    lab.main(["--quick", "--kernels", "ppo_clip", "respo", "--reuse", "1", "2", "--staleness", "2",
-              "--params", "respo_norm=mean", "respo_trust_mask=true", "--out", str(tmp_path)])
+    lab.main(["--quick", "--kernels", "ppo_clip", "respo", "respo_mean", "--reuse", "1", "2", "--staleness", "2",
+              "--params", "epsilon_high=0.28", "respo_trust_mask=true", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "starvation_lab.json").read_text())
-    assert data["config"]["loss_params"]["respo_norm"] == "mean"
+    assert data["config"]["loss_params"]["epsilon_high"] == 0.28
     assert data["kernels"]["respo"]["overrides"] == {"respo_trust_mask": False}  # the label's own override wins
     assert data["config"]["settings"] == ["R=1", "R=2", "N=2"]
-    assert set(data["regimes"]["moderate"]["results"]) == {"ppo_clip", "respo"}
+    assert set(data["regimes"]["moderate"]["results"]) == {"ppo_clip", "respo", "respo_mean"}
     assert data["command"].startswith("PYTHONPATH=. python benchmarks/starvation_lab.py --quick")
     for name in ("reward_curves.png", "throughput.png", "phi_by_sign.png", "positive_branch.png"):
         assert (tmp_path / name).stat().st_size > 10_000

@@ -1,14 +1,17 @@
 """End-to-end training through ReSPOTrainer on tiny Qwen3 models (CPU, a few steps each)."""
 
+import itertools
 import logging
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
 DIAGNOSTIC_KEYS = [
     f"starvation/{name}/{sign}"
-    for name in ("grad_throughput", "clip_grad_throughput", "starved_frac")
+    for name in ("grad_throughput", "clip_grad_throughput", "starved_frac", "clip_starved_frac")
     for sign in ("pos", "neg")
 ] + [
     "offpolicy/log_weight/mean",
@@ -31,6 +34,28 @@ DIAGNOSTIC_KEYS = [
     "reuse/generated_tokens_per_step",
     "reuse/refreshes",
 ]
+
+
+# Logged only in some runs: a reuse pass (pass, grad-norm ratio), the ESS floor, MoE Routing Replay.
+OCCASIONAL_KEYS = ["reuse/pass", "reuse/grad_norm_vs_fresh", "reuse/ess_before_pass", "routing/drift",
+                   "routing/drift_tokens"]
+OUR_PREFIXES = ("starvation", "offpolicy", "respo", "reuse", "routing")
+
+
+def documented_metrics() -> set[str]:
+    """Metric names in the first column of docs/diagnostics.md's tables, ``a/{b,c}`` expanded."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "diagnostics.md").read_text()
+    names = set()
+    for cell in re.findall(r"^\| ([^|]+) \|", text, flags=re.M):
+        for name in re.findall(r"`([a-z_]+/[^`]+)`", cell):
+            parts = [p.split(",") for p in re.split(r"[{}]", name)]  # "a/{b,c}" -> [["a/"], ["b", "c"], [""]]
+            names |= {"".join(x) for x in itertools.product(*parts)}
+    return names
+
+
+def test_diagnostics_page_documents_exactly_what_is_logged():
+    """Catches: a metric renamed, added or removed in the code and not on docs/diagnostics.md (or the reverse)."""
+    assert documented_metrics() == set(DIAGNOSTIC_KEYS) | set(OCCASIONAL_KEYS)
 
 
 def snapshot(model):
@@ -56,6 +81,9 @@ def test_respo_trains_and_logs_every_diagnostic_on_every_step(make_trainer):
     assert len(logs) == 4
     for key in DIAGNOSTIC_KEYS:
         assert all(key in log for log in logs), key
+    ours = {key for log in logs for key in log if key.split("/")[0] in OUR_PREFIXES}
+    assert ours <= set(DIAGNOSTIC_KEYS) | set(OCCASIONAL_KEYS), ours - set(DIAGNOSTIC_KEYS)
+    assert "reuse/pass" in ours and "vespo/phi_seq_mean" not in logs[0]  # ReSPO's coefficient is respo/phi_mean
     for log in logs:
         assert math.isfinite(log["loss"])
     # Reuse bookkeeping: R=2 samples on steps 1 and 3 only, reuses on 2 and 4 (one optimizer step stale).

@@ -1,10 +1,10 @@
 """Model cards for ReSPO checkpoints: what was trained, how, and what it measured.
 
 Why a card of our own instead of TRL's default: a ReSPO checkpoint is only reproducible and comparable with the
-kernel parameters (``respo_alpha_pos`` ... ``respo_norm``), the policy loss, the rollout-reuse factor, the library
-versions, and its benchmark table; TRL's card records none of them. ``ReSPOTrainer.create_model_card`` (called by
-TRL on every checkpoint save and by ``push_to_hub``) delegates to :func:`write_trainer_card`; the template is package
-data (``respo_trl/hub/templates/model_card.md``) so installed trainers find it.
+kernel parameters (``respo_alpha_pos`` ... ``respo_trust_mask``), the policy loss, the rollout-reuse factor, the
+library versions, and its benchmark table; TRL's card records none of them. ``ReSPOTrainer.create_model_card``
+(called by TRL on every checkpoint save and by ``push_to_hub``) delegates to :func:`write_trainer_card`; the template
+is package data (``respo_trl/hub/templates/model_card.md``) so installed trainers find it.
 
 Only measured numbers reach a card:
 
@@ -59,8 +59,6 @@ HYPERPARAMETERS = (
     ("respo_alpha_neg", "respo"),
     ("respo_beta_neg", "respo"),
     ("respo_lambda_neg", "respo"),
-    ("respo_norm", "respo"),
-    ("respo_rho_min", "respo"),
     ("respo_trust_mask", "respo"),
     ("steps_per_generation", None),
     ("respo_updates_per_rollout", None),
@@ -268,8 +266,6 @@ def hyperparameters(args: dict) -> list[tuple[str, str]]:
             or (only_for == "clipped" and loss == "respo")
         ):
             continue
-        if name == "respo_rho_min" and args.get("respo_norm") != "ess":
-            continue
         if name == "num_train_epochs" and args.get("max_steps", -1) > 0:
             continue
         rows.append((name, str(args[name])))
@@ -357,7 +353,6 @@ def render_card(
         dataset_is_hub=dataset_is_hub,
         is_respo=loss == "respo",
         loss_type=loss,
-        respo_norm=args.get("respo_norm"),
         alpha_pos=args.get("respo_alpha_pos"),
         beta_pos=args.get("respo_beta_pos"),
         lambda_pos=args.get("respo_lambda_pos"),
