@@ -57,6 +57,8 @@ LOSS_ARGS = {
     "respo": ["--loss_type", "respo"],
     # the paper's kernel without the directional token trust mask under epochs (what 0.2's default turns on)
     "respo_nomask": ["--loss_type", "respo", "--respo_trust_mask", "none"],
+    # beta_pos = 0 makes phi+ = 1: no correction at all on positives (the lab's ablation found it at least as good)
+    "respo_pos1": ["--loss_type", "respo", "--respo_beta_pos", "0"],
 }
 ALL_LOSSES = tuple(LOSS_ARGS)
 # On-policy (R = 1, N = 1) every coefficient of these losses is exactly 1 and they aggregate alike (token sum over the
@@ -356,7 +358,7 @@ def per_pass(arm: dict, steps: int) -> list[dict]:
     return table
 
 
-COLORS = dict(zip(ALL_LOSSES, ("tab:red", "tab:orange", "tab:purple", "tab:blue", "tab:cyan")))
+COLORS = dict(zip(ALL_LOSSES, ("tab:red", "tab:orange", "tab:purple", "tab:blue", "tab:cyan", "tab:green")))
 
 
 def plot(summary: dict, model: str, kind: str, path: Path) -> None:

@@ -1,0 +1,48 @@
+"""The ESS refresh floor (``respo_min_ess``) measures what ReSPO weighs: the raw sequence weights W of the buffered
+batch under the current policy, sampler correction included, over all processes."""
+
+import pytest
+import torch
+
+from conftest import CPU_ARGS
+from respo_trl.demo.rewards import crc_reward
+from vllm_standin import use_fake_vllm
+
+
+def test_ess_floor_uses_raw_weights_with_the_sampler_correction(tokenizer, toy_dataset, tmp_path):
+    from respo_trl import ReSPOConfig, ReSPOTrainer
+    from respo_trl.demo.tiny import tiny_qwen3
+    from respo_trl.kernels import fold_sampler_ratio, kish_ess, sequence_log_weight
+
+    checks = []
+
+    class Checked(ReSPOTrainer):
+        def _below_ess_floor(self):
+            batch = {k: v for k, v in self.rollouts.batch.items()}
+            with torch.no_grad():
+                logps, _, _ = self._get_per_token_logps_and_entropies(
+                    self.model,
+                    torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1),
+                    torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1),
+                    batch["completion_ids"].size(1),
+                )
+            mask = batch["completion_mask"]
+            log_c, kept = fold_sampler_ratio(batch["importance_sampling_ratio"], mask)
+            with_sampler = kish_ess(sequence_log_weight(logps - batch["old_per_token_logps"], kept, log_c)).item()
+            without = kish_ess(sequence_log_weight(logps - batch["old_per_token_logps"], mask)).item()
+            below = super()._below_ess_floor()
+            checks.append((self._metrics["train"]["reuse/ess_before_pass"][-1], with_sampler, without, below))
+            return below
+
+    args = ReSPOConfig(**{**CPU_ARGS, "output_dir": str(tmp_path), "max_steps": 2, "num_iterations": 2,
+                          "use_vllm": True, "vllm_mode": "colocate", "vllm_importance_sampling_mode": "token_truncate",
+                          "respo_min_ess": 0.999})  # fmt: skip
+    with use_fake_vllm():
+        trainer = Checked(model=tiny_qwen3(tokenizer), reward_funcs=crc_reward, args=args, train_dataset=toy_dataset,
+                          processing_class=tokenizer)  # fmt: skip
+        trainer.train()
+    (logged, with_sampler, without, below), = checks  # one reuse pass in 2 steps at R = 2
+    assert logged == pytest.approx(with_sampler, rel=1e-5)
+    assert abs(with_sampler - without) > 1e-3  # the sampler ratio matters here, so dropping it would be caught
+    assert below == (with_sampler < 0.999) and below  # drifted after one step at lr 1e-2: refreshed
+    assert trainer.rollouts.refreshes == 1
