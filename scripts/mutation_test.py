@@ -236,7 +236,7 @@ def main(argv=None):
     done = {(r["module"], r["lineno"], r["col"], r["kind"], str(r["detail"])) for r in state["mutants"]}
     if work.exists():
         shutil.rmtree(work)
-    shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(".git", ".venv*", "outputs", "docs", "__pycache__", "*.egg-info"))
+    shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(".git", ".venv*", "outputs", "benchmarks", "__pycache__", "*.egg-info", "*.png"))
     for module in args.modules:
         source_path = work / "respo_trl" / f"{module}.py"
         original = source_path.read_text()
