@@ -580,15 +580,17 @@ def validate_args(
 
 
 def check_output_dir(path: str) -> None:
-    """``output_dir`` must be a directory this process can write: checked before minutes of warm start are spent."""
+    """``output_dir`` must be a directory this process can create or write: checked (without creating anything)
+    before minutes of warm start are spent."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"--output_dir {path!r} exists and is a file, not a directory: pass another path")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as error:
-        raise ValueError(f"--output_dir {path!r} cannot be created: {error.strerror or error}") from None
-    if not os.access(path, os.W_OK):
-        raise ValueError(f"--output_dir {path!r} is not writable by this user: pass another path")
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):  # the nearest ancestor that exists decides whether it can be created
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"--output_dir {path!r} cannot be created: {existing!r} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--output_dir {path!r} cannot be written: {existing!r} is not writable by this user")
 
 
 def reward_description(script_args: RecipeArguments, training_args: ReSPOConfig) -> str:

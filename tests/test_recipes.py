@@ -534,6 +534,11 @@ def test_an_output_dir_that_is_a_file_fails_before_the_warm_start(recipe, tmp_pa
     blocker.write_text("not a directory")
     with pytest.raises(ValueError, match="exists and is a file"):
         recipe.validate_args(*recipe.parse_args(["--output_dir", str(blocker)]))
+    with pytest.raises(ValueError, match="cannot be created"):
+        recipe.validate_args(*recipe.parse_args(["--output_dir", str(blocker / "run")]))
+    fresh = tmp_path / "new" / "run"
+    recipe.validate_args(*recipe.parse_args(["--output_dir", str(fresh)]))
+    assert not fresh.exists()  # checking creates nothing
 
 
 def test_the_tiny_recipe_on_cpu_uses_one_torch_thread(recipe, monkeypatch):
