@@ -14,8 +14,8 @@ release moved them.
 
 from __future__ import annotations
 
+import functools
 import inspect
-import json
 import os
 from contextlib import contextmanager
 
@@ -47,14 +47,11 @@ REQUIRED_COMPUTE_LOSS_SOURCE = (
     "self.get_high_entropy_mask(",
     "self.get_off_policy_mask(",
 )
-_TRL_HOOKS_CHECKED = False
 
 
+@functools.cache  # once per process: the check reads TRL's source
 def check_trl_hooks(grpo_trainer_cls=GRPOTrainer) -> None:
     """Fail early, with what to do, if the installed TRL no longer has what ``loss_type='respo'`` hooks into."""
-    global _TRL_HOOKS_CHECKED
-    if _TRL_HOOKS_CHECKED and grpo_trainer_cls is GRPOTrainer:
-        return
     try:
         source = inspect.getsource(grpo_trainer_cls._compute_loss)
     except (OSError, TypeError, AttributeError):
@@ -74,8 +71,6 @@ def check_trl_hooks(grpo_trainer_cls=GRPOTrainer) -> None:
             f"respo_trl was tested with trl {SUPPORTED_TRL}.x; trl {trl.__version__} still has the hooks ReSPO needs, "
             "but results are not verified."
         )
-    if grpo_trainer_cls is GRPOTrainer:
-        _TRL_HOOKS_CHECKED = True
 
 
 class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):

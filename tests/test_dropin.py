@@ -201,7 +201,10 @@ def test_a_trl_whose_internals_moved_is_refused_with_instructions(build, monkeyp
         return model(**inputs).loss
 
     monkeypatch.setattr(GRPOTrainer, "_compute_loss", _compute_loss)
-    monkeypatch.setattr(trainer_module, "_TRL_HOOKS_CHECKED", False)
-    with pytest.raises(RuntimeError, match=r"pip install 'trl>=1\.16,<1\.17'") as error:
-        build()
+    trainer_module.check_trl_hooks.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match=r"pip install 'trl>=1\.16,<1\.17'") as error:
+            build()
+    finally:
+        trainer_module.check_trl_hooks.cache_clear()  # the real TRL is checked again by the next trainer
     assert "get_gamma_weights" in str(error.value)

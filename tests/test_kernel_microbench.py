@@ -2,7 +2,6 @@
 
 import json
 import pathlib
-import sys
 
 import pytest
 import torch

@@ -1,7 +1,6 @@
 """End-to-end training through ReSPOTrainer on tiny Qwen3 models (CPU, a few steps each)."""
 
 import itertools
-import logging
 import math
 import re
 from pathlib import Path
