@@ -64,7 +64,7 @@ ALL_LOSSES = tuple(LOSS_ARGS)
 # On-policy (R = 1, N = 1) every coefficient of these losses is exactly 1 and they aggregate alike (token sum over the
 # global token count), so their runs are identical (tests/test_trainer.py checks ReSPO's against dapo's): one of them
 # runs and stands for all. GSPO (TRL grpo: a per-sequence mean) trains differently even on-policy.
-SAME_ON_POLICY = ("dapo", "vespo", "respo", "respo_nomask")
+SAME_ON_POLICY = ("dapo", "vespo", "respo", "respo_nomask", "respo_pos1")
 # Per-step metrics kept in each arm's JSON, for the per-pass analysis (--passes-from).
 HISTORY_KEYS = (
     "grad_norm", "entropy", "reward", "offpolicy/ess", "offpolicy/log_weight/min", "offpolicy/log_weight/max",
@@ -105,9 +105,9 @@ def _init_worker():
     torch.set_num_interop_threads(1)
 
 
-def setting_name(reuse: int, staleness: int) -> str:
-    """``R4`` (epochs), ``N8`` (staleness) or ``N2R2`` (both)."""
-    if staleness == 1:
+def setting_name(reuse: int, staleness: int, kind: str = "R") -> str:
+    """``R4`` (epochs arms), ``N8`` (staleness arms; ``N1`` is their on-policy point, at their number of updates)."""
+    if kind == "R":
         return f"R{reuse}"
     return f"N{staleness}" + (f"R{reuse}" if reuse > 1 else "")
 
@@ -254,7 +254,7 @@ def summarize(results: list[dict]) -> dict:
     groups: dict[tuple, list[dict]] = {}
     for r in results:
         r.setdefault("staleness", 1)
-        r.setdefault("setting", setting_name(r["reuse"], r["staleness"]))
+        r.setdefault("setting", setting_name(r["reuse"], r["staleness"], "N" if r["staleness"] > 1 else "R"))
         groups.setdefault((r["model"], r["loss"], r["setting"]), []).append(r)
     for (model, loss, setting), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], _order(kv[0][2]), kv[0][1])):
         arms[f"{model}-{loss}-{setting}"] = {
@@ -282,7 +282,7 @@ def summarize(results: list[dict]) -> dict:
 
 
 def _order(setting: str) -> tuple:
-    """Sort settings as R1, R2, R4, N4, N8, N16, N2R2."""
+    """Sort settings as R1, R2, R4, N1, N4, N8, N16, N2R2."""
     n = int(setting[1:].split("R")[0]) if setting.startswith("N") else 1
     r = int(setting.split("R")[1]) if "R" in setting else 1
     return (setting.startswith("N"), n, r)
@@ -335,7 +335,7 @@ def claims(groups: dict[tuple, list[dict]]) -> dict:
         budget = statistics.fmean(r["generated_tokens"] for r in clip1)
         fractions = {}
         for (model, loss, setting), runs in sorted(groups.items()):
-            if model == "dense" and setting != "R1":
+            if model == "dense" and setting.startswith("R") and setting != "R1":
                 reached = tokens_to_reach(mean_curve(runs), target)
                 fractions.setdefault(setting, {})[loss] = None if reached is None else reached / budget
         out["fraction_of_clipped_R1_tokens_to_its_final_accuracy"] = {
@@ -533,16 +533,16 @@ def parse(argv=None):
 
 
 def arm_specs(args, extra: list[str], runs_dir: Path, warm_dir: Path, scratch: Path, logs: Path) -> list[dict]:
-    settings = [(r, 1) for r in args.reuse] + [(1, n) for n in args.staleness if n > 1 or not args.reuse]
+    settings = [(r, 1, "R") for r in args.reuse] + [(1, n, "N") for n in args.staleness]
     specs = []
     for model in args.models:
         losses = args.losses if model == "dense" else args.moe_losses
         for seed in args.seeds:
-            for reuse, staleness in settings:
-                setting = setting_name(reuse, staleness)
-                if staleness == 1:
+            for reuse, staleness, kind in settings:
+                setting = setting_name(reuse, staleness, kind)
+                if kind == "R":  # epochs: the same generation batches for every R
                     steps, eval_steps = args.generations * reuse, args.eval_every * reuse
-                else:
+                else:  # staleness: the same policy updates for every N
                     steps, eval_steps = args.updates, args.eval_updates
                 run_losses = losses
                 if (reuse, staleness) == (1, 1):  # on-policy: one run stands for every loss of SAME_ON_POLICY
