@@ -49,10 +49,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without `pip install -e .` (recipes/ and benchmarks/ are packages)
 LOSSES = ("dapo", "gspo", "vespo", "respo")
 CLIPPED = "dapo"  # the baseline of the summary claims: TRL's default clipped loss
-# The arms' loss settings: gspo is TRL's grpo loss with a sequence-level ratio, as TRL documents it.
+# The arms' loss settings: gspo is TRL's grpo loss with a sequence-level ratio and the clip range of the GSPO paper,
+# as TRL documents it (the paper presets' --algorithm gspo does the same).
 LOSS_ARGS = {
     "dapo": ["--loss_type", "dapo"],
-    "gspo": ["--loss_type", "grpo", "--importance_sampling_level", "sequence"],
+    "gspo": ["--loss_type", "grpo", "--importance_sampling_level", "sequence", "--epsilon", "3e-4", "--epsilon_high", "4e-4"],
     "vespo": ["--loss_type", "vespo"],
     "respo": ["--loss_type", "respo"],
     # the paper's kernel without the directional token trust mask under epochs (what 0.2's default turns on)
