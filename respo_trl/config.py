@@ -225,8 +225,6 @@ class ReSPOConfig(GRPOConfig):
             setattr(self, name, check_constant(name, getattr(self, name), kind))
         if self.respo_trust_mask not in TRUST_MASK_MODES:
             raise ValueError(f"respo_trust_mask must be one of {TRUST_MASK_MODES}, got {self.respo_trust_mask!r}")
-        if self.respo_updates_per_rollout is not None:
-            _positive_int("respo_updates_per_rollout", self.respo_updates_per_rollout)
         _positive_int("respo_reuse (num_iterations)", self.respo_reuse)
         if self.respo_min_ess is not None and not (
             isinstance(self.respo_min_ess, (int, float)) and 0.0 < self.respo_min_ess <= 1.0

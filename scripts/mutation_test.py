@@ -234,6 +234,7 @@ def main(argv=None):
     p.add_argument("--limit", type=int, help="At most this many mutants per module (evenly spread), for a slice.")
     p.add_argument("--timeout", type=int, default=900, help="Seconds per mutant's test run.")
     p.add_argument("--markdown-from", metavar="JSON")
+    p.add_argument("--retry-survivors", action="store_true", help="Run the surviving mutants again (after new tests).")
     args = p.parse_args(argv)
     if args.markdown_from:
         print(markdown(json.loads(Path(args.markdown_from).read_text())["mutants"]))
@@ -242,6 +243,8 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     path = out / "mutation.json"
     state = json.loads(path.read_text()) if path.exists() else {"mutants": []}
+    if args.retry_survivors:
+        state["mutants"] = [r for r in state["mutants"] if not (r["outcome"] == "survived" and r["module"] in args.modules)]
     done = {(r["module"], r["lineno"], r["col"], r["kind"], str(r["detail"])) for r in state["mutants"]}
     if work.exists():
         shutil.rmtree(work)

@@ -52,7 +52,7 @@ def test_updates_per_rollout_is_the_papers_n(configs, tmp_path):
     assert args.generation_batch_size == 8 * args.per_device_train_batch_size
     with pytest.raises(ValueError, match="steps_per_generation"):
         build(configs, tmp_path, respo_updates_per_rollout=4, steps_per_generation=3)
-    with pytest.raises(ValueError, match="generation_batch_size"):
+    with pytest.raises(ValueError, match="both size the rollout batch"):  # ours, before TRL's less specific error
         build(configs, tmp_path, respo_updates_per_rollout=4, generation_batch_size=64)
 
 
@@ -78,6 +78,7 @@ def test_every_respo_field_has_help_text(configs):
         ("respo_reuse", 0, "respo_reuse"),
         ("respo_min_ess", 0.0, "respo_min_ess"),
         ("respo_min_ess", 2.0, "respo_min_ess"),
+        ("respo_min_ess", 1.01, "respo_min_ess"),
         ("respo_buffer_device", "gpu", "respo_buffer_device"),
         ("respo_trust_mask", "symmetric", "respo_trust_mask"),
         ("respo_updates_per_rollout", 0, "respo_updates_per_rollout"),
@@ -102,6 +103,11 @@ def test_every_config_trl_accepts_is_accepted(configs, tmp_path):
     assert "raw sequence ratio W" in note and "loss_type='grpo' with importance_sampling_level='sequence'" in note
     assert respo_notes(build(configs, tmp_path)) == []
     assert respo_notes(build(configs, tmp_path, loss_type="dapo", use_vllm=True)) == []
+
+
+def test_boundary_values_are_accepted(configs, tmp_path):
+    args = build(configs, tmp_path, respo_min_ess=1.0, respo_beta_pos=1.0, respo_beta_neg=0.0, respo_lambda_pos=0.0)
+    assert args.respo_min_ess == 1.0 and args.respo_beta_pos == 1.0 and args.respo_lambda_pos == 0.0
 
 
 def test_respo_errors_come_before_trls(configs, tmp_path):
