@@ -90,12 +90,7 @@ def plot_run(
     ax_rew.set_ylabel(reward_label)
     ax_rew.set_title("training reward")
     ax_rew.grid(alpha=0.3)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    paths.append(os.path.join(output_dir, "accuracy_reward_vs_tokens.png"))
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(fig, os.path.join(output_dir, "accuracy_reward_vs_tokens.png"), title))
 
     fig, (ax, ax_norm) = plt.subplots(1, 2, figsize=(12, 4))
     for key, label, color, style in THROUGHPUT_KEYS:
@@ -112,13 +107,19 @@ def plot_run(
         ax_norm.plot(*zip(*points), ".", ms=4, label=f"pass {p}")
     ax_norm.axhline(1.0, color="k", lw=0.8)
     _label(ax_norm, "step size on reused rollouts", "grad_norm / fresh pass's grad_norm")
+    paths.append(_save(fig, os.path.join(output_dir, "grad_throughput.png"), title))
+    return paths
+
+
+def _save(fig, path: str, title: str) -> str:
+    import matplotlib.pyplot as plt
+
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    paths.append(os.path.join(output_dir, "grad_throughput.png"))
-    fig.savefig(paths[-1], dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
-    return paths
+    return path
 
 
 def _label(ax, title: str, ylabel: str, xlabel: str = "optimizer step") -> None:
