@@ -267,10 +267,7 @@ class ReSPOConfig(GRPOConfig):
         TRL accepts is refused: see :func:`respo_notes` for what ReSPO does with TRL's importance-sampling settings.
         """
         upgraded = cls.__new__(cls)
-        upgraded.__dict__.update(args.__dict__)
-        for f in cls.__dataclass_fields__.values():
-            if f.name not in upgraded.__dict__ and f.init:
-                upgraded.__dict__[f.name] = f.default
+        upgraded.__dict__.update(args.__dict__)  # ReSPO's own fields keep their class defaults (no default_factory)
         upgraded.loss_type = "respo"
         upgraded.respo_reuse = args.num_iterations
         upgraded.__dict__.update(overrides)
