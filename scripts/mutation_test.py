@@ -247,7 +247,8 @@ def main(argv=None):
     state = json.loads(path.read_text()) if path.exists() else {"mutants": []}
     if args.retry_survivors:
         state["mutants"] = [r for r in state["mutants"] if not (r["outcome"] == "survived" and r["module"] in args.modules)]
-    done = {(r["module"], r["lineno"], r["col"], r["kind"], str(r["detail"])) for r in state["mutants"]}
+    # A mutant is keyed by its source line's text, not its number, so results survive edits elsewhere in the file.
+    done = {(r["module"], r["before"].strip(), r["col"], r["kind"], str(r["detail"])) for r in state["mutants"]}
     if work.exists():
         shutil.rmtree(work)
     shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(".git", ".venv*", "outputs", "benchmarks", "__pycache__", "*.egg-info", "*.png"))
@@ -267,8 +268,11 @@ def main(argv=None):
         print(f"{module}: {len(sites)} mutants, tests take {seconds:.0f} s unmutated", flush=True)
         lines = original.splitlines()
         unparsed = ast.unparse(tree).splitlines()  # the mutant is compared with the unmutated tree's own unparse
-        for i, site in enumerate(sites, 1):
-            key = (module, site["lineno"], site["col"], site["kind"], str(site["detail"]))
+        keys = [(module, lines[s["lineno"] - 1].strip(), s["col"], s["kind"], str(s["detail"])) for s in sites]
+        if not args.limit:  # forget mutants of lines that no longer exist
+            state["mutants"] = [r for r in state["mutants"] if r["module"] != module
+                                or (module, r["before"].strip(), r["col"], r["kind"], str(r["detail"])) in set(keys)]
+        for i, (site, key) in enumerate(zip(sites, keys), 1):
             if key in done:
                 continue
             mutant = mutate(tree, site)
