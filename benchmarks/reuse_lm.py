@@ -7,7 +7,7 @@ sampling every step for a fraction of the sampling compute, or does the loss col
   batches (the same budget of sampled completions), so ``max_steps = generations x R``;
 * the paper's staleness ``N`` (``respo_updates_per_rollout``): one rollout batch of ``N`` mini-batches feeds ``N``
   consecutive updates, each sample used once; arms get the same number of policy updates (the paper: 1,024 for every
-  ``N``), so ``N`` times fewer sampled completions.
+  ``N``) and so the same sampled completions, in ``N`` times fewer and ``N`` times larger generation rounds.
 
 Each arm is one run of the recipe (``recipes/qwen3_respo.py``, embedded tiny default: warm-started tiny Qwen3 on the
 built-in arithmetic task) through ``ReSPOTrainer``. Arms: TRL ``dapo`` (the default clipped loss), ``gspo`` (TRL
