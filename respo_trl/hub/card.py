@@ -60,7 +60,6 @@ HYPERPARAMETERS = (
     ("respo_beta_neg", "respo"),
     ("respo_lambda_neg", "respo"),
     ("respo_trust_mask", "respo"),
-    ("steps_per_generation", None),
     ("respo_updates_per_rollout", None),
     ("respo_reuse", None),
     ("respo_reshuffle", None),
