@@ -237,6 +237,7 @@ def main(argv=None):
     p.add_argument("--timeout", type=int, default=900, help="Seconds per mutant's test run.")
     p.add_argument("--markdown-from", metavar="JSON")
     p.add_argument("--retry-survivors", action="store_true", help="Run the surviving mutants again (after new tests).")
+    p.add_argument("--lines", type=int, nargs="+", help="Only the mutants of these source lines (one module).")
     args = p.parse_args(argv)
     if args.markdown_from:
         print(markdown(json.loads(Path(args.markdown_from).read_text())["mutants"]))
@@ -246,7 +247,10 @@ def main(argv=None):
     path = out / "mutation.json"
     state = json.loads(path.read_text()) if path.exists() else {"mutants": []}
     if args.retry_survivors:
-        state["mutants"] = [r for r in state["mutants"] if not (r["outcome"] == "survived" and r["module"] in args.modules)]
+        state["mutants"] = [
+            r for r in state["mutants"]
+            if not (r["outcome"] == "survived" and r["module"] in args.modules and (not args.lines or r["lineno"] in args.lines))
+        ]  # fmt: skip
     # A mutant is keyed by its source line's text, not its number, so results survive edits elsewhere in the file.
     done = {(r["module"], r["before"].strip(), r["col"], r["kind"], str(r["detail"])) for r in state["mutants"]}
     if work.exists():
@@ -259,6 +263,8 @@ def main(argv=None):
         enumerator = Enumerator()
         enumerator.visit(tree)
         sites = enumerator.sites
+        if args.lines:
+            sites = [site for site in sites if site["lineno"] in args.lines]
         if args.limit and len(sites) > args.limit:
             step = len(sites) / args.limit
             sites = [sites[int(i * step)] for i in range(args.limit)]
@@ -269,7 +275,7 @@ def main(argv=None):
         lines = original.splitlines()
         unparsed = ast.unparse(tree).splitlines()  # the mutant is compared with the unmutated tree's own unparse
         keys = [(module, lines[s["lineno"] - 1].strip(), s["col"], s["kind"], str(s["detail"])) for s in sites]
-        if not args.limit:  # forget mutants of lines that no longer exist
+        if not (args.limit or args.lines):  # forget mutants of lines that no longer exist
             state["mutants"] = [r for r in state["mutants"] if r["module"] != module
                                 or (module, r["before"].strip(), r["col"], r["kind"], str(r["detail"])) in set(keys)]
         for i, (site, key) in enumerate(zip(sites, keys), 1):

@@ -87,6 +87,25 @@ def test_missing_corrupt_or_mismatched_buffer_files_fail_loudly(tmp_path):
         buffer.load(str(tmp_path), rank=0)
 
 
+def test_buffer_save_refuses_what_it_cannot_restore(tmp_path):
+    """Catches: a non-JSON field silently dropped or pickled, and a tensor file missing a listed tensor accepted."""
+    buffer = RolloutBuffer(reuse=2, steps_per_generation=2)
+    assert (buffer.generated_tokens, buffer.refreshes, buffer.generation_index) == (0, 0, 0)  # compute counts from 0
+    buffer.store({**toy_batch(), "handle": object()}, version=0)
+    with pytest.raises(TypeError, match="'handle' of type object cannot be checkpointed"):
+        buffer.save(str(tmp_path), rank=0)
+    buffer.store(toy_batch(), version=0)
+    buffer.save(str(tmp_path), rank=0)
+    tensor_path, meta_path = buffer_files(str(tmp_path), 0)
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(tensor_path)
+    del tensors["advantages"]
+    save_file(tensors, tensor_path)
+    with pytest.raises(ValueError, match=r"tensors \['advantages'\] listed in .* are missing"):
+        RolloutBuffer(reuse=2, steps_per_generation=2).load(str(tmp_path), rank=0)
+
+
 def test_buffer_rejects_bad_input():
     with pytest.raises(ValueError, match="reuse"):
         RolloutBuffer(reuse=0, steps_per_generation=1)
@@ -333,6 +352,7 @@ def test_buffer_serves_on_the_requested_device_and_sizes_any_batch():
     micro = buffer.micro_batch(1, 0, device="meta")
     assert micro["prompt_ids"].device.type == "meta" and micro["tags"] == buffer.micro_batch(1, 0)["tags"]
     assert _batch_size({"advantages": torch.zeros(6), "ids": torch.zeros(6, 2)}) == 6  # a 1-D tensor first
+    assert _batch_size({"advantages": torch.zeros(6)}) == 6  # a 1-D tensor alone has a batch dimension too
     assert _batch_size({"n": torch.tensor(3), "tags": ["a", "b"]}) == 2  # 0-dim tensors are shared, lists count
 
 
