@@ -58,6 +58,10 @@ LOSS_ARGS = {
     "respo": ["--loss_type", "respo"],
     # the paper's kernel without the directional token trust mask under epochs (what 0.2's default turns on)
     "respo_nomask": ["--loss_type", "respo", "--respo_trust_mask", "none"],
+    # the directional token trust mask forced on when each sample is used once (the default turns it on for epochs only)
+    "respo_mask": ["--loss_type", "respo", "--respo_trust_mask", "directional"],
+    # MoE Routing Replay (R3): the sampler's expert routing replayed in the loss forward
+    "respo_r3": ["--loss_type", "respo", "--respo_routing_replay", "true"],
     # beta_pos = 0 makes phi+ = 1: no correction at all on positives (the lab's ablation found it at least as good)
     "respo_pos1": ["--loss_type", "respo", "--respo_beta_pos", "0"],
 }
@@ -65,7 +69,7 @@ ALL_LOSSES = tuple(LOSS_ARGS)
 # On-policy (R = 1, N = 1) every coefficient of these losses is exactly 1 and they aggregate alike (token sum over the
 # global token count), so their runs are identical (tests/test_trainer.py checks ReSPO's against dapo's): one of them
 # runs and stands for all. GSPO (TRL grpo: a per-sequence mean) trains differently even on-policy.
-SAME_ON_POLICY = ("dapo", "vespo", "respo", "respo_nomask", "respo_pos1")
+SAME_ON_POLICY = ("dapo", "vespo", "respo", "respo_nomask", "respo_mask", "respo_pos1")
 # Per-step metrics kept in each arm's JSON, for the per-pass analysis (--passes-from).
 HISTORY_KEYS = (
     "grad_norm", "entropy", "reward", "offpolicy/ess", "offpolicy/log_weight/min", "offpolicy/log_weight/max",
@@ -371,7 +375,9 @@ def per_pass(arm: dict, steps: int) -> list[dict]:
     return table
 
 
-COLORS = dict(zip(ALL_LOSSES, ("tab:red", "tab:orange", "tab:purple", "tab:blue", "tab:cyan", "tab:green")))
+COLORS = dict(
+    zip(ALL_LOSSES, ("tab:red", "tab:orange", "tab:purple", "tab:blue", "tab:cyan", "tab:brown", "tab:olive", "tab:green"))
+)
 
 
 def plot(summary: dict, model: str, kind: str, path: Path) -> None:

@@ -96,7 +96,7 @@ def test_buffer_save_refuses_what_it_cannot_restore(tmp_path):
         buffer.save(str(tmp_path), rank=0)
     buffer.store(toy_batch(), version=0)
     buffer.save(str(tmp_path), rank=0)
-    tensor_path, meta_path = buffer_files(str(tmp_path), 0)
+    tensor_path, _ = buffer_files(str(tmp_path), 0)
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(tensor_path)
