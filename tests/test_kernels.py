@@ -342,3 +342,33 @@ def test_every_name_the_package_exports_resolves():
 
     for name in respo_trl.__all__:
         assert getattr(respo_trl, name) is not None, name
+
+
+def test_zero_positive_beta_is_no_correction_and_zero_advantage_takes_the_positive_branch():
+    """Catches: log(0) taken for beta = 0 (the `respo_pos1` ablation, phi+ = 1) and A = 0 sent to the negative branch
+    (the authors' code branches on A >= 0; it only shows in the logged phi statistics)."""
+    log_w = torch.linspace(-5.0, 5.0, 11, dtype=torch.float64)
+    phi = K.respo_kernel(log_w, torch.ones(11, dtype=torch.float64), beta_pos=0.0)
+    torch.testing.assert_close(phi, torch.ones_like(phi))
+    at_zero = K.respo_kernel(log_w, torch.zeros(11, dtype=torch.float64))
+    torch.testing.assert_close(at_zero, K.respo_kernel(log_w, torch.ones(11, dtype=torch.float64)))
+
+
+def test_trust_mask_takes_per_token_advantages():
+    """Catches: (B, T) advantages reshaped to the wrong width (TRL lets subclasses produce per-token advantages)."""
+    torch.manual_seed(0)
+    log_ratio, mask = 0.5 * torch.randn(4, 6), torch.ones(4, 6)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    per_sequence = K.directional_trust_mask(log_ratio, adv, mask, 0.2, 0.28)
+    per_token = K.directional_trust_mask(log_ratio, adv[:, None].expand(4, 6), mask, 0.2, 0.28)
+    torch.testing.assert_close(per_token, per_sequence)
+    assert 0 < per_sequence.sum() < per_sequence.numel()  # the case is not trivial
+
+
+def test_ppo_delta_caps_the_ratio_of_negatives():
+    """Catches: TRL's two-sided cap `delta` ignored (r = 3 on a negative must count as delta = 1.5, not 3)."""
+    log_ratio, mask, adv = torch.full((1, 1), math.log(3.0)), torch.ones(1, 1), torch.tensor([-1.0])
+    loss = K.get_policy_loss("ppo")(log_ratio, adv, mask, K.LossParams(delta=1.5))
+    torch.testing.assert_close(loss, torch.full((1, 1), 1.5))
+    uncapped = K.get_policy_loss("ppo")(log_ratio, adv, mask, K.LossParams())
+    torch.testing.assert_close(uncapped, torch.full((1, 1), 3.0))
