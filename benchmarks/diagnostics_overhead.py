@@ -21,7 +21,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from benchmarks.machine import machine_info  # noqa: E402
+from benchmarks.machine import QUIET_CPU_TRAINING, machine_info  # noqa: E402
 from respo_trl.demo.rewards import crc_reward  # noqa: E402
 
 
@@ -35,12 +35,7 @@ def measure(hidden: int, layers: int, args, tokenizer, dataset, tmp) -> dict:
 
     config = ReSPOConfig(
         output_dir=tmp,
-        use_cpu=True,
-        bf16=False,
-        activation_checkpointing=False,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
+        **QUIET_CPU_TRAINING,
         per_device_train_batch_size=args.batch,
         num_generations=4,
         max_completion_length=args.completion_len,

@@ -7,6 +7,12 @@ import platform
 import sys
 
 
+# The trainer settings every CPU benchmark run shares: no GPU, fp32, no checkpointing, no loggers, saves or progress bars.
+QUIET_CPU_TRAINING = dict(
+    use_cpu=True, bf16=False, activation_checkpointing=False, report_to="none", save_strategy="no", disable_tqdm=True
+)
+
+
 def cpu_name() -> str:
     """The CPU model (``/proc/cpuinfo``'s first ``model name``), or what ``platform`` knows."""
     try:

@@ -23,7 +23,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from benchmarks.machine import machine_info  # noqa: E402
+from benchmarks.machine import QUIET_CPU_TRAINING, machine_info  # noqa: E402
 from respo_trl.demo.rewards import crc_reward  # noqa: E402
 
 
@@ -46,12 +46,7 @@ def run_once(reuse: int, steps: int, completion_len: int, args, tokenizer, datas
 
     config = ReSPOConfig(
         output_dir=os.path.join(tmp, f"r{reuse}-{completion_len}"),
-        use_cpu=True,
-        bf16=False,
-        activation_checkpointing=False,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
+        **QUIET_CPU_TRAINING,
         logging_steps=1,
         per_device_train_batch_size=args.batch,
         num_generations=4,

@@ -27,7 +27,7 @@ from collections import defaultdict
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from benchmarks.machine import machine_info  # noqa: E402
+from benchmarks.machine import QUIET_CPU_TRAINING, machine_info  # noqa: E402
 from respo_trl.demo.rewards import crc_reward  # noqa: E402
 
 MODELS = {  # name: tiny_qwen3 kwargs
@@ -120,12 +120,7 @@ def drift_run(args, tokenizer, tmp) -> dict:
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"{i}+{i % 9}="}] for i in range(256)]})
     config = ReSPOConfig(
         output_dir=tmp,
-        use_cpu=True,
-        bf16=False,
-        activation_checkpointing=False,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
+        **QUIET_CPU_TRAINING,
         logging_steps=1,
         per_device_train_batch_size=16,
         num_generations=4,
