@@ -245,9 +245,10 @@ class RolloutBuffer:
         if missing:
             raise ValueError(f"{tensor_path} is corrupt: tensors {sorted(missing)} listed in {meta_path} are missing")
         for name in ("reuse", "steps_per_generation", "num_processes"):
-            if meta.get(name, 1 if name == "num_processes" else None) != getattr(self, name):
+            saved = meta.get(name, 1 if name == "num_processes" else None)  # files before 0.2 had one process
+            if saved != getattr(self, name):
                 raise ValueError(
-                    f"{meta_path} was saved with {name}={meta[name]} but this run has {name}={getattr(self, name)}; "
+                    f"{meta_path} was saved with {name}={saved} but this run has {name}={getattr(self, name)}; "
                     "resume with the same setting."
                 )
         self.generation_index = meta["generation_index"]

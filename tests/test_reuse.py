@@ -106,6 +106,30 @@ def test_buffer_save_refuses_what_it_cannot_restore(tmp_path):
         RolloutBuffer(reuse=2, steps_per_generation=2).load(str(tmp_path), rank=0)
 
 
+def test_load_restores_device_emptiness_and_pre_0_2_files(tmp_path):
+    """Catches: a restored batch left off the requested device, a stale batch kept when the checkpoint has none, and
+    buffer files written before the process count was recorded (0.1) refused or misread."""
+    empty_dir, full_dir = tmp_path / "empty", tmp_path / "full"
+    RolloutBuffer(reuse=2, steps_per_generation=2).save(str(empty_dir), rank=0)  # a checkpoint between batches
+    full = RolloutBuffer(reuse=2, steps_per_generation=2)
+    full.store(toy_batch(), version=0)
+    full.save(str(full_dir), rank=0)
+
+    restored = RolloutBuffer(reuse=2, steps_per_generation=2)
+    restored.load(str(full_dir), rank=0, device="meta")
+    assert restored.batch["prompt_ids"].device.type == "meta"
+    restored.load(str(empty_dir), rank=0)
+    assert restored.is_empty
+
+    _, meta_path = buffer_files(str(full_dir), 0)
+    meta = json.loads(open(meta_path).read())
+    del meta["num_processes"]
+    open(meta_path, "w").write(json.dumps(meta))
+    RolloutBuffer(reuse=2, steps_per_generation=2).load(str(full_dir), rank=0)  # one process, as 0.1 ran
+    with pytest.raises(ValueError, match="saved with num_processes=1 but this run has num_processes=2"):
+        RolloutBuffer(reuse=2, steps_per_generation=2, num_processes=2).load(str(full_dir), rank=0)
+
+
 def test_buffer_rejects_bad_input():
     with pytest.raises(ValueError, match="reuse"):
         RolloutBuffer(reuse=0, steps_per_generation=1)
