@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduce model_cards/qwen3-tiny-respo-demo.md: train the embedded default, evaluate it, render its card.
-# About 4 minutes on 2 CPU cores. Run from the repository root after `pip install -e .`.
+# About 6 minutes on 2 idle CPU cores. Run from the repository root after `pip install -e .`.
 #
 #   bash scripts/demo_card.sh [OUTPUT_DIR]      # default outputs/qwen3-tiny-respo (the recipe's default)
 set -euo pipefail
