@@ -12,7 +12,8 @@ other TRL/transformers argument keep their usual meaning.
 With no arguments it runs the embedded default, ``--config recipes/configs/tiny_cpu.yaml``: on a CPU, with nothing
 downloaded, a tiny Qwen3 and a character tokenizer are built locally, warm-started by a short supervised fine-tune on
 a built-in multi-step arithmetic task (``respo_trl.demo.tasks``), then trained with ReSPO under 4x rollout reuse: about
-220 s on 2 CPU cores, greedy held-out accuracy 21% -> 94% (mean of 3 seeds; docs/recipes.md has the numbers).
+5 minutes on 2 idle CPU cores, greedy held-out accuracy 18% -> 92% (mean of 3 seeds, final checkpoint; the numbers
+depend on the CPU type; docs/recipes.md has them).
 
 Launch lines (presets in recipes/configs/, launch configs in recipes/accelerate/, details in docs/recipes.md):
 
