@@ -368,12 +368,10 @@ def load_transformers_model(args):
     model = AutoModelForCausalLM.from_pretrained(
         args.model, revision=args.revision, dtype=args.dtype, trust_remote_code=args.trust_remote_code
     )
-    # A small model on a CPU gains nothing from several torch threads and loses a lot on a busy machine (the tiny demo
-    # model: 2.4 s per sampled sequence at 2 threads on a loaded 2-core box); the training recipe does the same.
-    small = sum(p.numel() for p in model.parameters()) < 50_000_000
-    if device == "cpu" and small and "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > 1:
-        logger.info(f"small model on CPU: torch threads {torch.get_num_threads()} -> 1 (set OMP_NUM_THREADS to choose)")
-        torch.set_num_threads(1)
+    if device == "cpu" and sum(p.numel() for p in model.parameters()) < 50_000_000:
+        from respo_trl.demo.tiny import use_one_cpu_thread
+
+        use_one_cpu_thread(logger, "small model on CPU")
     return model.to(device).eval()
 
 

@@ -628,14 +628,14 @@ def best_checkpoint_accuracy(trainer, best: dict, best_dir: str, final_dir: str,
 
 
 def pick_cpu_threads(training_args: ReSPOConfig, tiny: bool, logger) -> None:
-    """On a CPU, a tiny model gains nothing from several torch threads and loses a lot on a busy machine (measured:
-    ``python recipes/qwen3_respo.py`` at 2 threads ran 3-8x slower than ``accelerate launch``, which sets 1). Use one
-    thread unless ``OMP_NUM_THREADS`` says otherwise."""
+    """One torch thread for a tiny model on a CPU (``python recipes/qwen3_respo.py`` leaves torch at 2 threads where
+    ``accelerate launch`` sets 1)."""
     import torch
 
-    if tiny and not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > 1:
-        logger.info(f"CPU run of a tiny model: torch threads {torch.get_num_threads()} -> 1 (set OMP_NUM_THREADS to choose)")
-        torch.set_num_threads(1)
+    from respo_trl.demo.tiny import use_one_cpu_thread
+
+    if tiny and not torch.cuda.is_available():
+        use_one_cpu_thread(logger, "CPU run of a tiny model")
 
 
 def check_paper_contract(script_args: RecipeArguments, batch: dict) -> None:

@@ -276,8 +276,9 @@ def main(argv=None):
         unparsed = ast.unparse(tree).splitlines()  # the mutant is compared with the unmutated tree's own unparse
         keys = [(module, lines[s["lineno"] - 1].strip(), s["col"], s["kind"], str(s["detail"])) for s in sites]
         if not (args.limit or args.lines):  # forget mutants of lines that no longer exist
+            current = set(keys)
             state["mutants"] = [r for r in state["mutants"] if r["module"] != module
-                                or (module, r["before"].strip(), r["col"], r["kind"], str(r["detail"])) in set(keys)]
+                                or (module, r["before"].strip(), r["col"], r["kind"], str(r["detail"])) in current]
         for i, (site, key) in enumerate(zip(sites, keys), 1):
             if key in done:
                 continue
