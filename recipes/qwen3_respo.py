@@ -184,6 +184,14 @@ class RecipeArguments:
             "(needs task_operators='+'). The answers RL and evaluation grade against are always the true ones."
         },
     )
+    task_nuisance: bool = field(
+        default=False,
+        metadata={
+            "help": "Built-in task: reference completions choose each step's form at random (operand order, separator, "
+            "an optional '!'), none of which changes the answer: reward-irrelevant entropy, as in long reasoning "
+            "(needs task_operators='+'; the regime benchmark's task, docs/benchmarks.md section 5)."
+        },
+    )
     task_scratchpad: bool = field(
         default=True,
         metadata={"help": "Built-in task: reference completions show the partial results before the boxed answer."},
@@ -905,6 +913,7 @@ def build_datasets(script_args: RecipeArguments):
             scratchpad=script_args.task_scratchpad,
             operators=script_args.task_operators,
             teacher_error_rate=script_args.task_teacher_error_rate,
+            nuisance=script_args.task_nuisance,
         )
         train = task.rows("train", script_args.train_size, seed=script_args.task_seed)
         heldout = task.rows("test", script_args.heldout_size or 500, seed=script_args.task_seed)

@@ -17,7 +17,16 @@ Definitions (symbols of ``docs/method.md``):
 * The paper's positive-branch diagnostic (:func:`positive_low_weight_stats`): among positive responses, the share with
   ``log W < -1``, the share of the positive coefficient mass ``sum cbar_i`` they receive, and the ratio of the two
   (1 = received in proportion; the paper reports 1.69 for ReSPO, 0.93 for VESPO). ``cbar_i = phi_i`` for a
-  sequence kernel without masks.
+  sequence kernel without masks. The paper's figure is pooled over many updates, so :func:`summarize` also returns
+  the four sums it is made of (:data:`LOW_WEIGHT_SUMS`) and :func:`pooled_low_weight` forms the ratios from sums
+  accumulated over any window (the trainer: once per logged optimizer step, across processes). The same sums are
+  kept for ReSPO's and VESPO's weights on the *same* batch, whatever loss trains (the same-batch counterfactual).
+* Which responses count: a response with no loss token is left out everywhere; one the sampler correction dropped
+  whole (``sequence_mask``: ratio 0) still counts in the throughput (it receives no gradient) but not in the weight
+  statistics (``offpolicy/*``, ``respo/phi_mean``, the positive-branch diagnostic): its ``W`` is not defined.
+* ``offpolicy/kl``: per-token ``KL(pi_old || pi_theta)`` by the k3 estimator ``r - 1 - log r`` over the kept tokens
+  (``r`` the token ratio, sampler correction excluded): how far the policy has moved since these rollouts were
+  sampled. At staleness 1 it is the movement of one update.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from .kernels import (
     kish_ess,
     respo_kernel,
     sequence_log_weight,
+    vespo_phi,
 )
 
 Tensor = torch.Tensor
@@ -43,8 +53,19 @@ STARVED_BELOW = 0.1  # a sequence is "starved" when its mean coefficient is belo
 LOW_WEIGHT_LOG_W = -1.0  # the paper's positive-branch diagnostic looks at positives with log W < -1
 
 # Columns of the per-sequence table returned by `sequence_stats`.
-COLUMNS = ("valid", "advantage", "length", "mass", "clip_mass", "log_weight", "phi", "zero_tokens", "trust_masked")
+COLUMNS = (
+    "valid", "kept", "advantage", "length", "mass", "clip_mass", "log_weight", "phi", "vespo_phi", "zero_tokens",
+    "trust_masked", "kl", "kept_tokens",
+)  # fmt: skip
 _COL = {name: i for i, name in enumerate(COLUMNS)}
+LOW_WEIGHT_PREFIX = "starvation/low_weight_pos/"
+# The sums the positive-branch diagnostic is made of, per coefficient: the loss's own (``""``) and, on the same batch,
+# ReSPO's and VESPO's weights. Summed over a window, :func:`pooled_low_weight` turns them into share / mass share /
+# ratio. ``n``: positives; ``n_low``: those with log W < -1; ``mass``/``mass_low``: their summed coefficient.
+COUNTERFACTUALS = ("respo", "vespo")
+LOW_WEIGHT_SUMS = ("n", "n_low", "mass", "mass_low") + tuple(
+    f"{name}_{part}" for name in COUNTERFACTUALS for part in ("mass", "mass_low")
+)
 
 
 def sequence_stats(
@@ -57,7 +78,7 @@ def sequence_stats(
     sampler_ratio: Tensor | None = None,
     token_weight: Tensor | None = None,
 ) -> Tensor:
-    """One row per sequence with the :data:`COLUMNS` needed by :func:`summarize` (float32, shape (B, 9)).
+    """One row per sequence with the :data:`COLUMNS` needed by :func:`summarize` (float32, shape (B, 13)).
 
     ``log_ratio`` = ``log pi_theta - log pi_old`` (B, T); ``sampler_ratio`` is TRL's vLLM ``importance_sampling_ratio``
     ((B, T) or (B, 1)) or ``None``; ``token_weight`` (broadcastable to (B, T)) the trainer's extra masks;
@@ -84,20 +105,28 @@ def sequence_stats(
         log_c, kept = fold_sampler_ratio(sampler_ratio, mask)
         log_w = sequence_log_weight(log_ratio, kept, log_c)  # raw log W, the diagnostic's x-axis for every loss
         phi = respo_kernel(log_w, adv_seq, **params.respo_constants())  # ReSPO's phi, whatever loss is trained
+        vespo = vespo_phi(log_ratio, adv_seq, kept, params, sampler_ratio).reshape(-1)  # and VESPO's, as TRL has it
+        kept_f = kept.float()
+        rho = torch.where(kept, log_ratio, 0.0)
+        kl = ((torch.expm1(rho) - rho) * kept_f).sum(-1)  # k3: r - 1 - log r >= 0, unbiased for KL(pi_old || pi)
         trust_masked = torch.zeros_like(lengths)
         if loss_name == "respo" and params.respo_trust_mask:
             kept_trust = directional_trust_mask(log_ratio, adv, kept, params.epsilon_low, params.epsilon_high)
             trust_masked = (kept.float() - kept_trust).clamp(min=0).sum(-1)
         columns = {
             "valid": (lengths > 0).float(),
+            "kept": kept.any(-1).float(),
             "advantage": adv_seq,
             "length": lengths,
             "mass": c.sum(-1),
             "clip_mass": clip_c.sum(-1),
             "log_weight": log_w,
             "phi": phi,
+            "vespo_phi": vespo,
             "zero_tokens": ((c == 0) & mask.bool()).float().sum(-1),
             "trust_masked": trust_masked,
+            "kl": kl,
+            "kept_tokens": kept_f.sum(-1),
         }
         return torch.stack([columns[name] for name in COLUMNS], dim=-1)
 
@@ -111,18 +140,41 @@ def positive_low_weight_stats(
     summed ``coefficient`` they receive, and ``mass_ratio = mass_share / share`` (> 1: low-weight positives get more
     than their head count). NaN where undefined (no positives, no low-weight positive, or zero mass).
     """
+    pooled = pooled_low_weight(low_weight_sums(log_w, coefficient, advantages, valid, threshold))
+    return {key: pooled[key] for key in ("share", "mass_share", "mass_ratio")}
+
+
+def low_weight_sums(log_w: Tensor, coefficient: Tensor, advantages: Tensor, valid: Tensor | None = None,
+                    threshold: float = LOW_WEIGHT_LOG_W) -> dict[str, float]:
+    """``n``, ``n_low``, ``mass``, ``mass_low`` of the positive-branch diagnostic (see :func:`positive_low_weight_stats`)."""
     selected = advantages.reshape(-1) > 0
     if valid is not None:
         selected = selected & valid.reshape(-1).bool()
     log_w, coefficient = log_w.reshape(-1)[selected].float(), coefficient.reshape(-1)[selected].float()
-    if log_w.numel() == 0:
-        return {"share": math.nan, "mass_share": math.nan, "mass_ratio": math.nan}
     low = log_w < threshold
-    share = low.float().mean().item()
-    total = coefficient.sum().item()
-    mass_share = coefficient[low].sum().item() / total if total > 0 else math.nan
-    ratio = mass_share / share if share > 0 and not math.isnan(mass_share) else math.nan
-    return {"share": share, "mass_share": mass_share, "mass_ratio": ratio}
+    return {
+        "n": float(selected.sum().item()),
+        "n_low": float(low.sum().item()),
+        "mass": coefficient.sum().item(),
+        "mass_low": coefficient[low].sum().item(),
+    }
+
+
+def pooled_low_weight(sums: dict[str, float]) -> dict[str, float]:
+    """Share, mass share and ratio from :data:`LOW_WEIGHT_SUMS` summed over any window (keys without the prefix).
+
+    Returns ``share``, ``mass_share``, ``mass_ratio`` for the loss's own coefficient and ``{respo,vespo}_mass_share``,
+    ``{respo,vespo}_mass_ratio`` for the same-batch counterfactuals; NaN where undefined (no positive, no low-weight
+    positive, zero mass)."""
+    n, n_low = sums.get("n", 0.0), sums.get("n_low", 0.0)
+    share = n_low / n if n > 0 else math.nan
+    out = {"share": share}
+    for prefix in ("", *(f"{name}_" for name in COUNTERFACTUALS)):
+        mass, mass_low = sums.get(f"{prefix}mass", 0.0), sums.get(f"{prefix}mass_low", 0.0)
+        mass_share = mass_low / mass if mass > 0 and n > 0 else math.nan
+        ratio = mass_share / share if share > 0 and not math.isnan(mass_share) else math.nan
+        out[f"{prefix}mass_share"], out[f"{prefix}mass_ratio"] = mass_share, ratio
+    return out
 
 
 def summarize(table: Tensor) -> dict[str, float]:
@@ -130,6 +182,7 @@ def summarize(table: Tensor) -> dict[str, float]:
     table = table.float()
     col = {name: table[:, i] for name, i in _COL.items()}
     valid = col["valid"] > 0
+    kept = valid & (col["kept"] > 0)  # W is defined: not dropped whole by the sampler correction
     adv, length = col["advantage"], col["length"]
     mean_coef = col["mass"] / length.clamp(min=1.0)
     clip_mean_coef = col["clip_mass"] / length.clamp(min=1.0)
@@ -142,17 +195,21 @@ def summarize(table: Tensor) -> dict[str, float]:
             metrics[f"starvation/{key}/{sign}"] = _ratio((weight * col[column][selected]).sum(), on_policy_mass)
         metrics[f"starvation/starved_frac/{sign}"] = _mean((mean_coef[selected] < STARVED_BELOW).float())
         metrics[f"starvation/clip_starved_frac/{sign}"] = _mean((clip_mean_coef[selected] < STARVED_BELOW).float())
-        metrics[f"respo/phi_mean/{sign}"] = _mean(col["phi"][selected])
+        metrics[f"respo/phi_mean/{sign}"] = _mean(col["phi"][kept & (adv > 0 if sign == "pos" else adv < 0)])
 
-    low = positive_low_weight_stats(col["log_weight"], mean_coef, adv, valid)
-    for key, value in low.items():
-        metrics[f"starvation/low_weight_pos/{key}"] = value
-    metrics["starvation/pos_length_mean"] = _mean(length[valid & (adv > 0)])
+    sums = low_weight_sums(col["log_weight"], mean_coef, adv, kept)
+    for name in COUNTERFACTUALS:
+        other = low_weight_sums(col["log_weight"], col[f"{name}_phi" if name == "vespo" else "phi"], adv, kept)
+        sums[f"{name}_mass"], sums[f"{name}_mass_low"] = other["mass"], other["mass_low"]
+    for key, value in {**sums, **pooled_low_weight(sums)}.items():
+        metrics[LOW_WEIGHT_PREFIX + key] = value
+    metrics["starvation/pos_length_mean"] = _mean(length[kept & (adv > 0)])
     tokens = length[valid].sum()
     metrics["starvation/zero_coef_token_frac"] = _ratio(col["zero_tokens"][valid].sum(), tokens)
     metrics["respo/trust_masked_frac"] = _ratio(col["trust_masked"][valid].sum(), tokens)
+    metrics["offpolicy/kl"] = _ratio(col["kl"][kept].sum(), col["kept_tokens"][kept].sum())
 
-    log_w = col["log_weight"][valid]
+    log_w = col["log_weight"][kept]
     finite = log_w[torch.isfinite(log_w)]
     metrics["offpolicy/log_weight/mean"] = _mean(finite)
     metrics["offpolicy/log_weight/std"] = finite.std().item() if finite.numel() > 1 else math.nan

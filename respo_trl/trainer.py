@@ -28,7 +28,7 @@ from trl.trainer.utils import shuffle_sequence_dict, split_pixel_values_by_grid,
 
 from .buffer import VERSION_KEY, RolloutBuffer, checkpoint_status, has_buffer_files, last_complete_checkpoint
 from .config import ReSPOConfig, describe_kernel, respo_notes
-from .diagnostics import COLUMNS, sequence_stats, summarize
+from .diagnostics import COLUMNS, LOW_WEIGHT_PREFIX, LOW_WEIGHT_SUMS, pooled_low_weight, sequence_stats, summarize
 from .hub.card import RESPO_CITATION, TRAINER_TAGS, write_trainer_card
 from .hub.push import hub_failure
 from .kernels import LossParams, fold_sampler_ratio, kish_ess, registered_loss_for, respo_coefficients, sequence_log_weight
@@ -118,10 +118,6 @@ class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
             storage_device="cpu" if args.respo_buffer_device == "cpu" else None,
             num_processes=self.accelerator.num_processes,
         )
-        self._respo_kernel_active = False  # True while TRL's vespo branch must use the ReSPO coefficient
-        self._capture_logps = False
-        self._captured_logps = None
-        self._applied_masks: dict[str, torch.Tensor] = {}  # the entropy / off-policy masks TRL applied this micro-batch
         self._nonfinite_rows = None
         self._tokens_at_step_start = 0
         self._step_passes: list[tuple[int, int]] = []  # (generation index, pass) of each micro-batch of this step
@@ -211,55 +207,30 @@ class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         inputs = self._drop_nonfinite(inputs)
-        self._capture_logps = True
-        self._applied_masks = {}
-        try:
-            with self._respo_through_vespo_branch():
-                loss = super()._compute_loss(model, inputs)
-        finally:
-            self._capture_logps = False
-        self._log_step_metrics(inputs)
+        with self._inside_trl_loss() as captured:
+            loss = super()._compute_loss(model, inputs)
+        self._log_step_metrics(inputs, captured)
         return loss
 
     @contextmanager
-    def _respo_through_vespo_branch(self):
-        if self.loss_type != "respo":
-            yield
-            return
-        self.loss_type, self._respo_kernel_active = "vespo", True
-        try:
-            yield
-        finally:
-            self.loss_type, self._respo_kernel_active = "respo", False
-            mode = "train" if self.model.training else "eval"
-            self._metrics[mode].pop("vespo/phi_seq_mean", None)  # it held ReSPO's coefficient; respo/* reports it
+    def _inside_trl_loss(self):
+        """For the duration of TRL's ``_compute_loss`` only, instance attributes shadow four of its helpers.
 
-    def get_gamma_weights(self, advantages, log_ratio_per_token, mask, importance_sampling_ratio, **vespo_params):
-        if not self._respo_kernel_active:
-            return GRPOTrainer.get_gamma_weights(
-                advantages, log_ratio_per_token, mask, importance_sampling_ratio, **vespo_params
-            )
-        return respo_coefficients(
-            log_ratio_per_token,
-            advantages,
-            mask,
-            self.loss_params,
-            sampler_ratio=importance_sampling_ratio,
+        The class keeps TRL's own ``get_gamma_weights``, ``get_high_entropy_mask``, ``get_off_policy_mask`` and
+        ``_get_per_token_logps_and_entropies`` (same signatures and kinds, two of them staticmethods), so user code
+        and TRL's tests can call them as TRL documents. Inside the loss call, ``self.<name>`` finds the shadow first:
+        the forward's log-probs are captured (non-finite rows made 0), the masks TRL applies are recorded for the
+        diagnostics, and for ``loss_type="respo"`` TRL's VESPO branch gets ReSPO's coefficient instead of VESPO's.
+        Yields the dict the captures land in.
+        """
+        captured: dict[str, torch.Tensor] = {}
+        # what `self.<name>` resolves to now: TRL's (or a subclass's) method, or an instance attribute a user set
+        forward, entropy_mask, off_policy_mask = (
+            self._get_per_token_logps_and_entropies, self.get_high_entropy_mask, self.get_off_policy_mask
         )
 
-    def get_high_entropy_mask(self, entropies, mask, threshold):
-        entropy_mask = super().get_high_entropy_mask(entropies, mask, threshold)
-        self._applied_masks["entropy"] = entropy_mask.detach()
-        return entropy_mask
-
-    def get_off_policy_mask(self, *args, **kwargs):
-        keep = GRPOTrainer.get_off_policy_mask(*args, **kwargs)  # a staticmethod in TRL
-        self._applied_masks["off_policy"] = keep.detach()
-        return keep
-
-    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        if self._capture_logps:
+        def capture_forward(*args, **kwargs):
+            logps, entropies, aux_loss = forward(*args, **kwargs)
             # Rows dropped by `_drop_nonfinite` (and any non-finite value the forward produced) become a constant 0,
             # so log-ratio and KL vanish there and no NaN reaches the loss.
             bad = ~torch.isfinite(logps)
@@ -267,8 +238,44 @@ class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
                 bad = bad | self._nonfinite_rows.unsqueeze(-1)
             if bad.any():
                 logps = torch.where(bad, torch.zeros_like(logps), logps)
-            self._captured_logps = logps.detach()
-        return logps, entropies, aux_loss
+            captured["logps"] = logps.detach()
+            return logps, entropies, aux_loss
+
+        def capture_entropy_mask(*args, **kwargs):
+            captured["entropy"] = entropy_mask(*args, **kwargs).detach()
+            return captured["entropy"]
+
+        def capture_off_policy_mask(*args, **kwargs):
+            captured["off_policy"] = off_policy_mask(*args, **kwargs).detach()
+            return captured["off_policy"]
+
+        shadows = {
+            "_get_per_token_logps_and_entropies": capture_forward,
+            "get_high_entropy_mask": capture_entropy_mask,
+            "get_off_policy_mask": capture_off_policy_mask,
+        }
+        respo = self.loss_type == "respo"
+        if respo:  # TRL's vespo branch: -c * A * log pi with a detached c, no extra sampler multiply, dapo aggregation
+            shadows["get_gamma_weights"] = self._respo_gamma_weights
+            self.loss_type = "vespo"
+        previous = {name: self.__dict__[name] for name in shadows if name in self.__dict__}
+        self.__dict__.update(shadows)
+        try:
+            yield captured
+        finally:
+            for name in shadows:
+                self.__dict__.pop(name, None)
+            self.__dict__.update(previous)
+            if respo:
+                self.loss_type = "respo"
+                mode = "train" if self.model.training else "eval"
+                self._metrics[mode].pop("vespo/phi_seq_mean", None)  # it held ReSPO's coefficient; respo/* has it
+
+    def _respo_gamma_weights(self, advantages, log_ratio_per_token, mask, importance_sampling_ratio, **vespo_params):
+        """Stands in for TRL's ``get_gamma_weights`` inside a ``respo`` loss call: ReSPO's per-token coefficient."""
+        return respo_coefficients(
+            log_ratio_per_token, advantages, mask, self.loss_params, sampler_ratio=importance_sampling_ratio
+        )
 
     def _drop_nonfinite(self, inputs):
         """Mask out of the loss every sequence whose advantage or stored log-probs are NaN/inf (never a NaN loss)."""
@@ -296,19 +303,21 @@ class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
 
     # -- metrics ---------------------------------------------------------------------------------------------------------
 
-    def _log_step_metrics(self, inputs) -> None:
+    def _log_step_metrics(self, inputs, captured: dict) -> None:
         mode = "train" if self.model.training else "eval"
         if not self.args.respo_log_diagnostics:
             if mode == "train":
                 self._log_reuse_metrics(inputs, mode)
             return
-        logps = self._captured_logps
+        logps = captured["logps"]
         mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
         old = inputs.get("old_per_token_logps")
         log_ratio = torch.zeros_like(logps) if old is None else logps - old
         token_weight = None
-        for applied in self._applied_masks.values():  # what TRL multiplied the per-token loss by, besides the ratio
-            token_weight = applied.float() if token_weight is None else token_weight * applied.float()
+        for key in ("entropy", "off_policy"):  # what TRL multiplied the per-token loss by, besides the ratio
+            if key in captured:
+                applied = captured[key].float()
+                token_weight = applied if token_weight is None else token_weight * applied
         table = sequence_stats(
             log_ratio,
             inputs["advantages"],
@@ -345,7 +354,8 @@ class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
         for key, value in metrics.items():
             self._metrics[mode][key].append(value)
 
-    def log(self, logs: dict, start_time: float | None = None) -> None:
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        self._pool_low_weight_metrics()
         # Under reuse the failure to watch is a loss that keeps taking full steps on stale rollouts: the clipped loss's
         # gradient norm falls several-fold on reuse passes, a sequence kernel's need not (docs/method.md, section 6).
         # Log which pass over its batch the last optimizer step was (the mean when one step spans several passes, as
@@ -363,9 +373,22 @@ class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
                     logs["reuse/grad_norm_vs_fresh"] = logs["grad_norm"] / self._fresh_grad_norm[1]
         super().log(logs, start_time)
 
+    def _pool_low_weight_metrics(self) -> None:
+        """The paper's positive-branch diagnostic, pooled over the logging window: TRL averages every metric over the
+        window's micro-batches, which would average ratios; here the counts and masses (already summed over processes)
+        are summed over the window and the share, mass share and ratios are formed once from those sums."""
+        mode = "train" if self.model.training else "eval"
+        metrics = self._metrics[mode]
+        keys = [LOW_WEIGHT_PREFIX + key for key in LOW_WEIGHT_SUMS]
+        if not all(key in metrics for key in keys):
+            return
+        sums = {key: sum(metrics[LOW_WEIGHT_PREFIX + key]) for key in LOW_WEIGHT_SUMS}
+        for key, value in {**sums, **pooled_low_weight(sums)}.items():
+            metrics[LOW_WEIGHT_PREFIX + key] = [value]
+
     # -- checkpointing -------------------------------------------------------------------------------------------------
 
-    def train(self, resume_from_checkpoint=None, trial=None, **kwargs):
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None):
         """``Trainer.train``, resuming only from complete checkpoints: with ``resume_from_checkpoint=True`` the latest
         complete one (interrupted saves are skipped with a warning); an explicit incomplete path is an error."""
         if resume_from_checkpoint is True:
@@ -374,7 +397,9 @@ class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
             problem = checkpoint_status(resume_from_checkpoint, self.accelerator.num_processes)
             if problem:
                 raise ValueError(f"cannot resume from {resume_from_checkpoint}: {problem}")
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+        return super().train(
+            resume_from_checkpoint=resume_from_checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval
+        )
 
     def _last_complete_checkpoint(self) -> str:
         path, skipped = last_complete_checkpoint(self.args.output_dir, self.accelerator.num_processes)
@@ -436,7 +461,12 @@ class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
         with hub_failure(self, "create the Hub repository"):
             super().init_hf_repo(token=token, private=private)
 
-    def push_to_hub(self, *args, **kwargs):
+    def push_to_hub(
+        self, commit_message="End of training", blocking=True, token=None, revision=None, private=None, **kwargs
+    ):
         """transformers' push; if the Hub is unusable, a ``HubPushError`` that says why, with the model saved locally."""
         with hub_failure(self, "push to the Hub repository", save_if_unsaved=True):
-            return super().push_to_hub(*args, **kwargs)
+            return super().push_to_hub(
+                commit_message=commit_message, blocking=blocking, token=token, revision=revision, private=private,
+                **kwargs,
+            )

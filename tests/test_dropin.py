@@ -132,29 +132,26 @@ def test_every_loss_type_trains_with_every_sampler_correction_mode(build, loss, 
     assert logs[0]["offpolicy/log_weight/std"] > 1e-3
 
 
-class RecordingTrainer:
-    """Mixin recording what the ReSPO coefficient was computed from (a real training step, not a unit call)."""
-
-    def get_gamma_weights(self, advantages, log_ratio_per_token, mask, importance_sampling_ratio, **kw):
-        coef = super().get_gamma_weights(advantages, log_ratio_per_token, mask, importance_sampling_ratio, **kw)
-        self.records.append((advantages, log_ratio_per_token, mask, importance_sampling_ratio, coef))
-        return coef
-
-
 @pytest.mark.parametrize("mode", MODES)
-def test_sampler_ratio_reaches_respo_coefficient(build, mode):
+def test_sampler_ratio_reaches_respo_coefficient(build, mode, monkeypatch):
     """Catches: the vLLM ratio dropped from phi, a sequence ratio added per token, token_mask kept as log-ratio -20."""
-    from respo_trl import ReSPOTrainer
+    import respo_trl.trainer as trainer_module
     from respo_trl.kernels import respo_kernel
 
-    recorder = type("Recording", (RecordingTrainer, ReSPOTrainer), {"records": []})
+    records, real = [], trainer_module.respo_coefficients
+
+    def recording(log_ratio, advantages, mask, params, *, sampler_ratio=None):  # what the loss's phi was built from
+        coef = real(log_ratio, advantages, mask, params, sampler_ratio=sampler_ratio)
+        records.append((advantages, log_ratio, mask, sampler_ratio, coef))
+        return coef
+
+    monkeypatch.setattr(trainer_module, "respo_coefficients", recording)
     low, high = (0.9, 1.1) if mode.startswith("token") else (0.6, 1.2)
-    trainer = build(trainer_cls=recorder, vllm=True, vllm_importance_sampling_mode=mode,
+    trainer = build(vllm=True, vllm_importance_sampling_mode=mode,
                     vllm_importance_sampling_clip_min=low, vllm_importance_sampling_clip_max=high, max_steps=1)
-    recorder.records = []
     with use_fake_vllm():
         trainer.train()
-    advantages, log_ratio, mask, ratio, coef = recorder.records[0]
+    advantages, log_ratio, mask, ratio, coef = records[0]
     assert ratio is not None and ratio.shape == ((mask.shape[0], 1) if mode.startswith("sequence") else mask.shape)
     assert torch.equal(log_ratio, torch.zeros_like(log_ratio))  # fresh pass: pi_theta == pi_old exactly
     dropped = ratio == 0

@@ -148,7 +148,6 @@ def test_diagnostics_report_the_coefficients_of_the_loss_trl_really_computes(mak
     entropies = torch.rand(8, 7, generator=gen)
 
     def fake_logps(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-        trainer._captured_logps = logps.detach()
         return logps, entropies, None
 
     trainer._get_per_token_logps_and_entropies = fake_logps

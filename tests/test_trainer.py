@@ -25,6 +25,10 @@ DIAGNOSTIC_KEYS = [
     "starvation/low_weight_pos/share",
     "starvation/low_weight_pos/mass_share",
     "starvation/low_weight_pos/mass_ratio",
+    *(f"starvation/low_weight_pos/{name}" for name in ("n", "n_low", "mass", "mass_low")),
+    *(f"starvation/low_weight_pos/{kernel}_{name}" for kernel in ("respo", "vespo")
+      for name in ("mass", "mass_low", "mass_share", "mass_ratio")),
+    "offpolicy/kl",
     "starvation/pos_length_mean",
     "starvation/zero_coef_token_frac",
     "reuse/staleness_mean",

@@ -13,6 +13,15 @@ completion works left to right, one partial result per step, then boxes the answ
 
 The split is by the expression string itself (a CRC32 hash bucket), so the train and held-out sets are disjoint by
 construction, for any seed and any size, on every process.
+
+The same generator builds the benchmark task of the paper's regime (docs/benchmarks.md, section 5): long ``+`` chains
+(16-20 single-digit terms, ~17 steps of work), a teacher that forgets some carries, and *nuisance*: with
+``nuisance=True`` each step's form is a free choice of the teacher that never changes the answer (operand order,
+one of four separators, an optional ``!``), so a model that imitates the teacher carries reward-irrelevant entropy on
+every step, as long temperature-1 reasoning does::
+
+    prompt:      4+8+3+9
+    completion:  8+4=12;12+3=15!|9+15=24 \\boxed{24}
 """
 
 from __future__ import annotations
@@ -22,6 +31,11 @@ import zlib
 from dataclasses import dataclass
 
 SPLITS = ("train", "test")
+# The teacher's free choices under `nuisance=True`: none of them changes the boxed answer (math-verify grades that).
+NUISANCE_SEPARATORS = (",", ";", " ", "|")
+NUISANCE_NOTE = "!"
+NUISANCE_NOTE_RATE = 0.3
+NUISANCE_MIN_TERMS = 3  # two steps at least, so that a separator is ever chosen
 
 
 @dataclass(frozen=True)
@@ -37,6 +51,9 @@ class ArithmeticTask:
     # Probability that the *reference* completion forgets a carry (keeps the tens digit of the previous partial sum) on
     # a step that needs one. 0 = a perfect teacher. The ``solution`` column is always the true answer.
     teacher_error_rate: float = 0.0
+    # Reward-irrelevant choices in the reference completion (operand order, separator, optional note): each step's
+    # *form* is random, its value is not. Needs operators="+" (so the operands commute) and scratchpad=True.
+    nuisance: bool = False
 
     def __post_init__(self):
         if not 2 <= self.min_terms <= self.max_terms:
@@ -51,6 +68,14 @@ class ArithmeticTask:
             raise ValueError(f"operators must be a non-empty combination of '+' and '-', got {self.operators!r}")
         if self.teacher_error_rate and not (self.operators == "+" and self.scratchpad):
             raise ValueError("teacher_error_rate needs operators='+' and scratchpad=True (carries are made per step)")
+        if self.nuisance:
+            if not (self.operators == "+" and self.scratchpad):
+                raise ValueError("nuisance needs operators='+' and scratchpad=True (it swaps operands of each step)")
+            if self.min_terms < NUISANCE_MIN_TERMS:
+                raise ValueError(
+                    f"nuisance needs min_terms >= {NUISANCE_MIN_TERMS} (two steps, so that a separator is chosen), "
+                    f"got min_terms={self.min_terms}"
+                )
 
     # -- one problem ---------------------------------------------------------------------------------------------
 
@@ -99,13 +124,15 @@ class ArithmeticTask:
 
         With ``teacher_error_rate > 0`` (and an ``rng``) the teacher forgets each needed carry with that probability:
         it writes the previous partial sum's tens digit with the new units digit (``17+5=12``), carries on correctly
-        from its own wrong partial sum, and boxes what it got.
+        from its own wrong partial sum, and boxes what it got. With ``nuisance`` (and an ``rng``) each step's operand
+        order, the separator before it and an optional ``!`` after it are drawn at random.
         """
         steps = self.steps(expression)
         if not self.scratchpad:
             return f"\\boxed{{{steps[-1][1]}}}"
         parts, value = [], None
-        for lhs, _ in steps:
+        nuisance = self.nuisance and rng is not None
+        for index, (lhs, _) in enumerate(steps):
             if value is not None:
                 op_index = max(lhs.rfind("+", 1), lhs.rfind("-", 1))
                 lhs = f"{value}{lhs[op_index:]}"
@@ -114,9 +141,19 @@ class ArithmeticTask:
             forgets = self.teacher_error_rate and rng is not None and self.crosses_ten(first, new)
             if forgets and rng.random() < self.teacher_error_rate:
                 new = 10 * (first // 10) + new % 10
-            parts.append(f"{lhs}={new}")
+            step = f"{lhs}={new}"
+            if nuisance:
+                if rng.random() < 0.5:
+                    step = f"{second}{op}{first}={new}"  # operands commute ('+' only)
+                if rng.random() < NUISANCE_NOTE_RATE:
+                    step += NUISANCE_NOTE
+                if index:
+                    step = rng.choice(NUISANCE_SEPARATORS) + step
+            elif index:
+                step = "," + step
+            parts.append(step)
             value = new
-        return ",".join(parts) + f" \\boxed{{{value}}}"
+        return "".join(parts) + f" \\boxed{{{value}}}"
 
     @staticmethod
     def _split(lhs: str) -> tuple[int, str, int]:

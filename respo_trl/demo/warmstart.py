@@ -153,3 +153,82 @@ def grade(completions: Sequence[str], solutions: Sequence[str], reward_fn=None) 
         from trl.rewards import accuracy_reward as reward_fn
     scores = reward_fn([[{"role": "assistant", "content": c}] for c in completions], list(solutions))
     return [0.0 if s is None else float(s) for s in scores]
+
+
+@torch.no_grad()
+def sampling_profile(
+    model,
+    tokenizer,
+    prompts: Sequence,
+    solutions: Sequence[str],
+    *,
+    max_new_tokens: int,
+    samples_per_prompt: int = 1,
+    temperature: float = 1.0,
+    batch_size: int = 64,
+    seed: int = 0,
+    reward_fn=None,
+) -> dict:
+    """What a policy looks like where RL will sample it: accuracy and entropy of completions at ``temperature``.
+
+    Samples ``samples_per_prompt`` completions per prompt, grades them, and re-scores each with one forward pass to get
+    the entropy of the policy's next-token distribution (at ``temperature``) at every completion token. Returns the
+    accuracy (``avg@samples``), mean completion length, mean per-token entropy (nats, pooled over tokens) and mean
+    entropy per response (nats summed over a completion: what a sequence log-weight ``log W`` can move with).
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    repeated = [p for p in prompts for _ in range(samples_per_prompt)]
+    answers = [a for a in solutions for _ in range(samples_per_prompt)]
+    texts, entropies, lengths = [], [], []
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        for start in range(0, len(repeated), batch_size):
+            chunk = [_prompt_ids(tokenizer, p) for p in repeated[start : start + batch_size]]
+            width = max(len(ids) for ids in chunk)
+            input_ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
+            attention = torch.zeros((len(chunk), width), dtype=torch.long)
+            for row, ids in enumerate(chunk):
+                input_ids[row, width - len(ids) :] = torch.tensor(ids)
+                attention[row, width - len(ids) :] = 1
+            output = model.generate(
+                input_ids=input_ids.to(device), attention_mask=attention.to(device), do_sample=True,
+                temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens,
+                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+            )  # fmt: skip
+            completion = output[:, width:]
+            is_eos = completion == tokenizer.eos_token_id
+            first_eos = torch.where(is_eos.any(-1), is_eos.int().argmax(-1), completion.shape[1])
+            keep = torch.arange(completion.shape[1], device=device)[None, :] <= first_eos[:, None]
+            full_mask = torch.cat([attention.to(device), keep.long()], dim=1)
+            positions = (full_mask.cumsum(-1) - 1).clamp(min=0)  # as generate numbers left-padded rows
+            logits = model(input_ids=output, attention_mask=full_mask, position_ids=positions).logits
+            logits = logits[:, width - 1 : -1].float() / temperature
+            logp = torch.log_softmax(logits, -1)
+            token_entropy = -(logp.exp() * logp).sum(-1) * keep
+            for row in range(completion.shape[0]):
+                n = int(keep[row].sum())
+                lengths.append(n)
+                entropies.append(token_entropy[row].sum().item())
+                texts.append(tokenizer.decode(completion[row, :n].tolist(), skip_special_tokens=True))
+    finally:
+        torch.random.set_rng_state(generator_state)
+        model.train(was_training)
+    correct = grade(texts, answers, reward_fn)
+    tokens = sum(lengths)
+    return {
+        "accuracy": sum(correct) / max(len(correct), 1),
+        "n_prompts": len(prompts),
+        "samples_per_prompt": samples_per_prompt,
+        "temperature": temperature,
+        "mean_length": tokens / max(len(lengths), 1),
+        "entropy_per_token": sum(entropies) / max(tokens, 1),
+        "entropy_per_response": sum(entropies) / max(len(entropies), 1),
+        "truncated_share": sum(n >= max_new_tokens for n in lengths) / max(len(lengths), 1),
+        "per_prompt_accuracy": [
+            sum(correct[i : i + samples_per_prompt]) / samples_per_prompt
+            for i in range(0, len(correct), samples_per_prompt)
+        ],
+    }

@@ -1,0 +1,795 @@
+"""The paper's regime on a CPU: long, high-entropy responses, sparse correct answers, staleness N = 32.
+
+The paper's claim lives where stale *correct* responses drift to low sequence weight ``W`` (22.8% of positives below
+``log W = -1`` at N = 32): there clipped GRPO, GSPO and VESPO starve them and ReSPO does not. The tiny LM of
+``reuse_lm.py`` never got there (0-8%). This benchmark builds a task that can (``respo_trl.demo.tasks`` with long
+``+`` chains, a teacher that forgets carries and reward-irrelevant *nuisance* choices on every step), checks that it
+does before comparing anything, then runs the comparison. Three stages, each resumable (a finished run is never
+rerun; ``--fresh`` starts a stage over):
+
+1. ``gate``: the regime map. For each task setting (short/no nuisance as the demo, long, long with nuisance, longer
+   with nuisance) one warm start is profiled before RL (per-token entropy at temperature 1, nats per response, length,
+   accuracy) and TRL ``dapo`` runs the first half of the comparison's updates at N = 32. The gate statistic is the
+   share of positive responses with ``log W < -1`` over those updates, pooled (and by staleness position). A setting
+   passes inside [15%, 30%] (the paper: 22.8%); the first passing setting of ``GATE_ORDER`` is the comparison's.
+2. ``compare``: in the gated setting, every arm at the paper's reuse (``respo_updates_per_rollout = 32``, each sample
+   once), equal updates, shared warm starts per seed, the same prompt order: TRL ``dapo`` (0.2 / 0.2, and 0.2 / 0.28),
+   VESPO, GSPO (3e-4 / 4e-4), ReSPO, ReSPO with ``phi+ = 1`` and an on-policy ``N = 1`` reference. Refused when the
+   gate did not pass, unless ``--override-gate``.
+3. ``summary``: ``regime.json`` (gate, per-arm per-seed numbers, paired differences against ReSPO, the decision
+   rule's verdict), tables and plots, from whatever has finished.
+
+    python benchmarks/regime.py gate                       # ~1.5 h on 2 cores
+    python benchmarks/regime.py compare                    # ~12 h on 2 cores, resumable across sessions
+    python benchmarks/regime.py compare --arms dapo respo --seeds 0 1   # a slice
+    python benchmarks/regime.py summary                    # JSON, tables and plots from the finished runs
+    python benchmarks/regime.py summary --markdown         # the docs tables (docs/benchmarks.md, section 5)
+    python benchmarks/regime.py gate --smoke --out /tmp/regime   # seconds; what the test suite runs
+
+Every run is the recipe (``recipes/qwen3_respo.py``) through ``ReSPOTrainer``, one torch thread per worker; the
+decision rule is written in docs/benchmarks.md (section 5) before the runs and applied by :func:`verdict`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without `pip install -e .` (recipes/ and benchmarks/ are packages)
+
+from benchmarks.reuse_lm import LOSS_ARGS, _init_worker, load_recipe, pos_length_growth, spread, warm_start  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------------------------------
+# What runs
+# ---------------------------------------------------------------------------------------------------------------------
+
+_CHAINS = ["--task_operators", "+", "--task_max_operand", "9", "--warmstart_batch_size", "32", "--warmstart_steps", "1000"]
+SETTINGS = {
+    # the demo's task as it is (tiny_cpu): 3-5 terms, no nuisance, teacher forgets 60% of carries
+    "short": {"terms": (3, 5), "nuisance": False, "teacher_error": 0.6, "max_completion_length": 48,
+              "args": ["--task_min_terms", "3", "--task_max_terms", "5", "--task_teacher_error_rate", "0.6",
+                       "--warmstart_steps", "500", "--max_completion_length", "48"]},
+    "long": {"terms": (16, 20), "nuisance": False, "teacher_error": 0.1, "max_completion_length": 360,
+             "args": [*_CHAINS, "--task_min_terms", "16", "--task_max_terms", "20", "--task_teacher_error_rate", "0.1",
+                      "--max_completion_length", "360"]},
+    "long-nuisance": {"terms": (16, 20), "nuisance": True, "teacher_error": 0.1, "max_completion_length": 360,
+                      "args": [*_CHAINS, "--task_min_terms", "16", "--task_max_terms", "20",
+                               "--task_teacher_error_rate", "0.1", "--task_nuisance", "true",
+                               "--max_completion_length", "360"]},
+    "longer-nuisance": {"terms": (24, 28), "nuisance": True, "teacher_error": 0.07, "max_completion_length": 400,
+                        "args": [*_CHAINS, "--task_min_terms", "24", "--task_max_terms", "28",
+                                 "--task_teacher_error_rate", "0.07", "--task_nuisance", "true",
+                                 "--max_completion_length", "400"]},
+}  # fmt: skip
+# The regime map: (setting, learning rate). The comparison takes the first of GATE_ORDER that passes.
+GATE_RUNS = [("short", 1e-4), ("long", 1e-4), ("long-nuisance", 1e-4), ("longer-nuisance", 1e-4), ("long-nuisance", 3e-5)]
+GATE_ORDER = [("long-nuisance", 1e-4), ("long", 1e-4), ("longer-nuisance", 1e-4), ("long-nuisance", 3e-5), ("short", 1e-4)]
+GATE_BAND = (0.15, 0.30)  # share of positives with log W < -1 over the first half (the paper: 22.8%)
+STALENESS_BINS = ((0, 7), (8, 15), (16, 23), (24, 31))
+
+# The RL setting every run shares: M = 8 prompts x G = 8 completions per update, N = 32 updates per rollout batch
+# (2,048 completions), the accuracy reward alone (the training score is the accuracy), the paper's optimiser
+# (weight decay 0.1, grad clip 1, constant lr after a 5% warm-up), no KL, temperature 1.
+N_PAPER = 32
+UPDATES = 256
+RL_ARGS = [
+    "--reward_funcs", "accuracy", "--reward_weights", "1.0", "--num_generations", "8",
+    "--per_device_train_batch_size", "64", "--gradient_accumulation_steps", "1", "--respo_reuse", "1",
+    "--weight_decay", "0.1", "--max_grad_norm", "1.0", "--lr_scheduler_type", "constant_with_warmup",
+    "--warmup_steps", "12", "--temperature", "1.0", "--beta", "0.0", "--heldout_size", "256",
+    "--heldout_eval_steps", "0", "--keep_best_heldout", "false", "--save_strategy", "no",
+    "--logging_steps", "1",
+]  # fmt: skip
+ARMS = {
+    # name: (recipe loss arguments, N, seeds)
+    "dapo": (LOSS_ARGS["dapo"], N_PAPER, 5),  # TRL's default clip, 0.2 / 0.2
+    "vespo": (LOSS_ARGS["vespo"], N_PAPER, 5),  # TRL's defaults (k, lambda) = (2, 3) / (3, 2)
+    "respo": (LOSS_ARGS["respo"], N_PAPER, 5),  # the paper's kernel, paper-pure (no trust mask: each sample once)
+    "respo_pos1": (LOSS_ARGS["respo_pos1"], N_PAPER, 5),  # phi+ = 1 (beta_pos = 0), the lab's ablation
+    "gspo": (LOSS_ARGS["gspo"], N_PAPER, 3),  # TRL's documented 3e-4 / 4e-4 (tuned for N ~ 4)
+    "onpolicy": (LOSS_ARGS["dapo"], 1, 3),  # N = 1 at equal updates (and equal completions)
+    "dapo_clip_higher": (["--loss_type", "dapo", "--epsilon_high", "0.28"], N_PAPER, 3),  # DAPO's clip-higher
+}
+BASELINES = ("dapo", "dapo_clip_higher", "vespo", "gspo")  # the rule's "best baseline" is the best of these
+RULE = {"min_gain_points": 3.0, "fail_below_points": 1.0, "confidence": 0.95, "seeds": 5}
+HISTORY_KEYS = (
+    "reward", "grad_norm", "entropy", "reuse/staleness_mean", "reuse/generated_tokens", "offpolicy/kl",
+    "offpolicy/log_weight/mean", "offpolicy/log_weight/std", "starvation/pos_length_mean",
+    "starvation/grad_throughput/pos", "starvation/grad_throughput/neg", "clip_ratio/region_mean",
+    "completions/mean_length",
+    *(f"starvation/low_weight_pos/{k}" for k in ("n", "n_low", "mass", "mass_low", "respo_mass", "respo_mass_low",
+                                                  "vespo_mass", "vespo_mass_low")),
+)  # fmt: skip
+SMOKE = {
+    "settings": {"short": SETTINGS["short"]},
+    "args": ["--warmstart_steps", "4", "--train_size", "64", "--heldout_size", "8", "--tiny_hidden_size", "32",
+             "--tiny_num_layers", "1", "--tiny_intermediate_size", "64", "--per_device_train_batch_size", "8",
+             "--num_generations", "4", "--max_completion_length", "12"],
+    "N": 2, "updates": 4, "profile_prompts": 8, "eval_samples": 2,
+}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Worker side
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def profile_warm_start(setting: str, seed: int, args: list[str], path: str, n_prompts: int, eval_samples: int) -> dict:
+    """Warm-start (once per setting and seed; reused by every run of that seed) and profile the policy before RL:
+    temperature-1 samples of training prompts (accuracy, length, entropy) and held-out greedy and avg@k accuracy."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from respo_trl.demo.warmstart import generate, grade, sampling_profile
+
+    profile_path = Path(path, "regime_profile.json")
+    warm_start("dense", seed, args, path)
+    if profile_path.exists():
+        return json.loads(profile_path.read_text())
+    recipe = load_recipe()
+    script_args, training_args, _ = recipe.parse_args(["--tiny_model", "dense", "--seed", str(seed), *args])
+    train, heldout = recipe.build_datasets(script_args)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    tokens = training_args.max_completion_length
+    start = time.time()
+    rows = train.select(range(min(n_prompts, len(train))))
+    profile = sampling_profile(model, tokenizer, rows["prompt"], rows["solution"], max_new_tokens=tokens, seed=seed)
+    profile.pop("per_prompt_accuracy")
+    texts, _ = generate(model, tokenizer, heldout["prompt"], max_new_tokens=tokens)
+    greedy = sum(grade(texts, heldout["solution"])) / len(heldout)
+    sampled = sampling_profile(model, tokenizer, heldout["prompt"], heldout["solution"], max_new_tokens=tokens,
+                               samples_per_prompt=eval_samples, seed=seed)  # fmt: skip
+    teacher = train.select(range(min(500, len(train))))
+    result = {
+        "setting": setting, "seed": seed, "train_t1": profile, "heldout_greedy": greedy,
+        "heldout_sampled": sampled["accuracy"], "heldout_sampled_samples": eval_samples, "heldout_n": len(heldout),
+        "teacher_accuracy": sum(grade(teacher["completion"], teacher["solution"])) / len(teacher),
+        "profile_s": time.time() - start,
+    }  # fmt: skip
+    profile_path.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def run_one(spec: dict) -> dict:
+    """One recipe run from the warm start of ``spec['setting']`` / seed; returns (and writes) its record."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from respo_trl.demo.warmstart import sampling_profile
+
+    recipe = load_recipe()
+    n = spec["N"]
+    output_dir = os.path.join(spec["scratch"], spec["name"])
+    argv = [
+        *spec["setting_args"], *RL_ARGS, *spec["extra"], *spec["loss_args"], "--seed", str(spec["seed"]),
+        "--steps_per_generation", str(n), "--respo_updates_per_rollout", str(n), "--max_steps", str(spec["updates"]),
+        "--learning_rate", str(spec["lr"]), "--eval_mode", "greedy" if spec["evaluate"] else "none",
+        "--output_dir", output_dir, "--warmstart_steps", "0",  # the warm start is loaded, not redone
+    ]  # fmt: skip
+    script_args, training_args, model_args = recipe.parse_args(argv)
+    script_args.tiny_model, model_args.model_name_or_path = None, spec["warm_path"]
+    start = time.time()
+    with open(Path(spec["logs_dir"], spec["name"] + ".log"), "w") as log:
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):  # one log per run: a readable console
+            report = recipe.main(script_args, training_args, model_args)
+            train_s = time.time() - start
+            history = json.loads(Path(output_dir, "trainer_state.json").read_text())["log_history"]
+            record = {
+                **{k: spec[k] for k in ("name", "stage", "arm", "setting", "lr", "N", "seed", "updates")},
+                "loss_args": spec["loss_args"],
+                "history": [{"step": h["step"], **{k: h[k] for k in HISTORY_KEYS if k in h}} for h in history if "loss" in h],
+                "generated_tokens": report["training"]["generated_tokens"],
+                "global_step": report["training"]["global_step"],
+            }  # fmt: skip
+            if spec["evaluate"]:  # held-out: greedy from the recipe, avg@k at temperature 1 here
+                _, heldout = recipe.build_datasets(script_args)
+                model = AutoModelForCausalLM.from_pretrained(output_dir)
+                tokenizer = AutoTokenizer.from_pretrained(output_dir)
+                sampled = sampling_profile(model, tokenizer, heldout["prompt"], heldout["solution"],
+                                           max_new_tokens=training_args.max_completion_length,
+                                           samples_per_prompt=spec["eval_samples"], seed=spec["seed"])  # fmt: skip
+                record["heldout"] = {
+                    "n": len(heldout), "greedy_before": report["heldout"]["before"],
+                    "greedy_after": report["heldout"]["after"], "sampled_after": sampled["accuracy"],
+                    "sampled_samples": spec["eval_samples"], "sampled_entropy_per_token": sampled["entropy_per_token"],
+                    "sampled_mean_length": sampled["mean_length"],
+                }  # fmt: skip
+    shutil.rmtree(output_dir, ignore_errors=True)
+    record["wall_s"] = time.time() - start
+    record["train_s"] = train_s
+    Path(spec["runs_dir"], spec["name"] + ".json").write_text(json.dumps(record))
+    return record
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Statistics of one run
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _pooled(rows: list[dict], prefix: str = "") -> dict:
+    """The positive-branch diagnostic pooled over ``rows`` (logged steps): sums, then ratios (diagnostics.py)."""
+    from respo_trl.diagnostics import LOW_WEIGHT_SUMS, pooled_low_weight
+
+    sums = {k: sum(r.get(f"starvation/low_weight_pos/{k}", 0.0) or 0.0 for r in rows) for k in LOW_WEIGHT_SUMS}
+    return {**pooled_low_weight(sums), "n": sums["n"], "n_low": sums["n_low"]}
+
+
+def first_half(run: dict) -> list[dict]:
+    return [h for h in run["history"] if h["step"] <= run["updates"] // 2]
+
+
+def low_weight_by_staleness(run: dict, rows: list[dict] | None = None) -> dict:
+    """Pooled positive-branch diagnostic per staleness position ``k`` and per bin of :data:`STALENESS_BINS`."""
+    rows = first_half(run) if rows is None else rows
+    by_k: dict[int, list[dict]] = {}
+    for h in rows:
+        by_k.setdefault(int(round(h.get("reuse/staleness_mean", 0))), []).append(h)
+    out = {"per_k": {k: _pooled(v) for k, v in sorted(by_k.items())}}
+    out["bins"] = {f"{lo}-{hi}": _pooled([h for k, v in by_k.items() if lo <= k <= hi for h in v]) for lo, hi in STALENESS_BINS}
+    return out
+
+
+def late_mean(run: dict) -> float | None:
+    """The paper's late-mean training score: mean training reward of the rollout batches sampled in the second half
+    of the updates (each batch counts once; under N = 1 every update is a batch of M x G)."""
+    rewards = [h["reward"] for h in run["history"] if "reward" in h and h["step"] > run["updates"] // 2]
+    return statistics.fmean(rewards) if rewards else None
+
+
+def per_update_kl(run: dict) -> dict:
+    """Per-update policy movement: ``offpolicy/kl`` (per token, k3) on mini-batches exactly one update stale, and per
+    response (times the mean completion length of the same steps). None under N = 1 (nothing is stale)."""
+    rows = [h for h in run["history"] if round(h.get("reuse/staleness_mean", 0)) == 1 and "offpolicy/kl" in h]
+    if not rows:
+        return {"per_token": None, "per_response": None}
+    per_token = statistics.fmean(h["offpolicy/kl"] for h in rows)
+    lengths = [h["completions/mean_length"] for h in rows if "completions/mean_length" in h]
+    return {"per_token": per_token, "per_response": per_token * statistics.fmean(lengths) if lengths else None}
+
+
+def run_stats(run: dict) -> dict:
+    """Everything the tables need from one run."""
+    history, half = run["history"], first_half(run)
+    values = lambda key, rows=history: [h[key] for h in rows if key in h and h[key] is not None and math.isfinite(h[key])]  # noqa: E731
+    stale_late = [h for h in half if h.get("reuse/staleness_mean", 0) >= 16]
+    log_w_late = values("offpolicy/log_weight/mean", stale_late)
+    return {
+        "late_mean": late_mean(run),
+        "positive_branch": _pooled(half),
+        "by_staleness": low_weight_by_staleness(run),
+        "per_update_kl": per_update_kl(run),
+        "grad_norm": statistics.fmean(values("grad_norm")) if values("grad_norm") else None,
+        "clip_ratio": statistics.fmean(values("clip_ratio/region_mean")) if values("clip_ratio/region_mean") else None,
+        "pos_length_growth": pos_length_growth(run),
+        "log_w_mean_k16": statistics.fmean(log_w_late) if log_w_late else None,
+        "heldout": run.get("heldout"),
+        "generated_tokens": run["generated_tokens"],
+        "wall_s": run["wall_s"],
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The decision rule (docs/benchmarks.md, section 5, written before the runs)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+# Two-sided 95% Student t quantiles t_{0.975, df} (standard tables); beyond df 30 the Cornish-Fisher expansion.
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_quantile(df: int) -> float:
+    """``t_{0.975, df}``: the half-width factor of a two-sided 95% interval (scipy is not a dependency)."""
+    if df < 1:
+        return math.inf
+    if df <= len(T_975):
+        return T_975[df - 1]
+    z = statistics.NormalDist().inv_cdf(0.975)
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def paired(a: dict[int, float], b: dict[int, float]) -> dict:
+    """Paired differences ``a - b`` (points) over the seeds both have: per seed, mean, sd and the t interval."""
+    seeds = sorted(set(a) & set(b))
+    diffs = {s: 100 * (a[s] - b[s]) for s in seeds}
+    values = list(diffs.values())
+    out = {"seeds": seeds, "per_seed": diffs, "mean": None, "sd": None, "ci": None}
+    if not values:
+        return out
+    out["mean"] = statistics.fmean(values)
+    if len(values) > 1:
+        sd = statistics.stdev(values)
+        half = t_quantile(len(values) - 1) * sd / math.sqrt(len(values))
+        out.update(sd=sd, ci=[out["mean"] - half, out["mean"] + half])
+    return out
+
+
+def seeds_to_resolve(mean: float, sd: float) -> dict:
+    """Seeds after which, at the observed mean and sd, the interval would settle the rule either way (None: never)."""
+
+    def first_n(ok):
+        return next((n for n in range(2, 201) if ok(t_quantile(n - 1) * sd / math.sqrt(n))), None)
+
+    holds = first_n(lambda half: mean - half > 0) if mean >= RULE["min_gain_points"] else None
+    fails = first_n(lambda half: mean + half < RULE["fail_below_points"]) if mean < RULE["fail_below_points"] else None
+    return {"to_hold": holds, "to_fail": fails}
+
+
+def verdict(gate_passed: bool, scores: dict[str, dict[int, float]]) -> dict:
+    """Apply the rule: ``holds`` if ReSPO minus the best baseline is >= +3 points on the late-mean score with a 95%
+    paired interval above 0 (over at least 5 seeds) and ReSPO beats ``phi+ = 1`` on the same seeds; ``fails`` if the
+    gate passed and the interval's upper end is below +1; ``inconclusive`` otherwise, with the seeds that would
+    resolve it. ``scores``: arm -> {seed: late-mean score in [0, 1]}."""
+    means = {arm: statistics.fmean(s.values()) for arm, s in scores.items() if s}
+    baselines = [b for b in BASELINES if b in means]
+    out = {"gate_passed": gate_passed, "rule": RULE, "best_baseline": None, "verdict": "inconclusive"}
+    if "respo" not in means or not baselines:
+        out["reason"] = "ReSPO or every baseline is missing"
+        return out
+    best = max(baselines, key=lambda b: means[b])
+    vs_best, vs_pos1 = paired(scores["respo"], scores[best]), paired(scores["respo"], scores.get("respo_pos1", {}))
+    out.update(best_baseline=best, vs_best=vs_best, vs_pos1=vs_pos1)
+    enough = len(vs_best["seeds"]) >= RULE["seeds"]
+    ci = vs_best["ci"]
+    beats_pos1 = vs_pos1["mean"] is not None and vs_pos1["mean"] > 0
+    if not gate_passed:
+        out["reason"] = "the gate did not pass: the comparison is outside the paper's regime"
+    elif enough and ci and vs_best["mean"] >= RULE["min_gain_points"] and ci[0] > 0 and beats_pos1:
+        out["verdict"], out["reason"] = "holds", f"ReSPO - {best} >= +3 points, interval above 0, ReSPO beats phi+ = 1"
+    elif enough and ci and ci[1] < RULE["fail_below_points"]:
+        out["verdict"], out["reason"] = "fails", f"the interval of ReSPO - {best} ends below +1 point"
+    else:
+        out["reason"] = "neither" if enough else f"{len(vs_best['seeds'])} paired seeds (the rule needs {RULE['seeds']})"
+    if vs_best["sd"] is not None and out["verdict"] == "inconclusive":
+        out["seeds_to_resolve"] = seeds_to_resolve(vs_best["mean"], vs_best["sd"])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Stages
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def gate_name(setting: str, lr: float) -> str:
+    return f"{setting}-lr{lr:g}"
+
+
+def settings_for(args) -> dict:
+    return SMOKE["settings"] if args.smoke else SETTINGS
+
+
+def base_spec(args, setting: str, seed: int) -> dict:
+    settings = settings_for(args)
+    extra = (SMOKE["args"] if args.smoke else []) + list(args.recipe_args)
+    work = Path(args.work)
+    return {
+        "setting": setting, "setting_args": settings[setting]["args"], "extra": extra, "seed": seed,
+        "warm_path": str(work / "warm" / f"{setting}-seed{seed}"), "scratch": str(work / "scratch"),
+        "logs_dir": str(work / "logs"), "eval_samples": SMOKE["eval_samples"] if args.smoke else 8,
+        "N": SMOKE["N"] if args.smoke else N_PAPER, "updates": SMOKE["updates"] if args.smoke else UPDATES,
+    }  # fmt: skip
+
+
+def run_all(args, specs: list[dict], runs_dir: Path) -> dict[str, dict]:
+    """Warm starts first (profiled once per setting and seed), then every run not already in ``runs_dir``."""
+    done = {p.stem: json.loads(p.read_text()) for p in runs_dir.glob("*.json")}
+    todo = [s for s in specs if s["name"] not in done]
+    warm = {(s["setting"], s["seed"]): s for s in specs}
+    profiles_needed = [s for s in warm.values() if not Path(s["warm_path"], "regime_profile.json").exists()]
+    print(f"{len(specs)} runs, {len(specs) - len(todo)} done, {len(todo)} to run; "
+          f"{len(profiles_needed)} warm starts to build/profile; {args.workers} workers", flush=True)  # fmt: skip
+    for d in (runs_dir, Path(args.work, "scratch"), Path(args.work, "logs")):
+        d.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    n_prompts = SMOKE["profile_prompts"] if args.smoke else 512
+    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"), initializer=_init_worker) as pool:
+        futures = {
+            pool.submit(profile_warm_start, s["setting"], s["seed"], [*s["setting_args"], *s["extra"]], s["warm_path"],
+                        n_prompts, s["eval_samples"]): s
+            for s in warm.values()
+        }  # fmt: skip
+        for future in as_completed(futures):
+            p = future.result()
+            t1 = p["train_t1"]
+            print(f"  warm start {p['setting']} seed {p['seed']}: T=1 accuracy {100 * t1['accuracy']:.1f}%, "
+                  f"{t1['entropy_per_token']:.3f} nats/token, {t1['entropy_per_response']:.1f} nats/response, "
+                  f"{t1['mean_length']:.0f} tokens ({time.time() - start:.0f} s)", flush=True)  # fmt: skip
+        futures = {pool.submit(run_one, spec): spec["name"] for spec in todo}
+        for i, future in enumerate(as_completed(futures), 1):
+            record = future.result()
+            done[record["name"]] = record
+            stats = run_stats(record)
+            share = stats["positive_branch"]["share"]
+            late = stats["late_mean"]
+            print(f"  [{i}/{len(todo)}] {record['name']}: late-mean score "
+                  f"{'n/a' if late is None else f'{100 * late:.1f}%'}, low-W positives (first half) "
+                  f"{'n/a' if share != share else f'{100 * share:.1f}%'}, {record['wall_s']:.0f} s "
+                  f"({time.time() - start:.0f} s)", flush=True)  # fmt: skip
+    shutil.rmtree(Path(args.work, "scratch"), ignore_errors=True)
+    return done
+
+
+def gate_specs(args) -> list[dict]:
+    runs = [(s, lr) for s, lr in GATE_RUNS if s in settings_for(args)]
+    specs = []
+    for setting, lr in runs:
+        spec = base_spec(args, setting, seed=0)
+        name = gate_name(setting, lr)
+        spec.update(name=name, stage="gate", arm="dapo", lr=lr, loss_args=LOSS_ARGS["dapo"], evaluate=False,
+                    updates=spec["updates"] // 2, runs_dir=str(Path(args.out, "gate")))  # fmt: skip
+        specs.append(spec)
+    return specs
+
+
+def gate_summary(args, runs: dict[str, dict]) -> dict:
+    """The regime map: per (setting, lr) the profile before RL and the low-weight share under dapo, and the choice."""
+    rows = []
+    for setting, lr in GATE_RUNS:
+        run = runs.get(gate_name(setting, lr))
+        if run is None:
+            continue
+        profile_path = Path(base_spec(args, setting, 0)["warm_path"], "regime_profile.json")
+        profile = json.loads(profile_path.read_text()) if profile_path.exists() else None
+        stats = low_weight_by_staleness(run, run["history"])  # the gate run is the first half
+        pooled = _pooled(run["history"])
+        share = pooled["share"]
+        rows.append({
+            "name": gate_name(setting, lr), "setting": setting, "lr": lr, **{k: SETTINGS.get(setting, {}).get(k) for k in
+            ("terms", "nuisance", "teacher_error")}, "profile": profile, "updates": run["updates"], "N": run["N"],
+            "low_weight_share": share, "positives": pooled["n"], "low_weight_by_staleness": stats,
+            "per_update_kl": per_update_kl(run), "log_w_mean_k16": run_stats(run)["log_w_mean_k16"],
+            "passes": share == share and GATE_BAND[0] <= share <= GATE_BAND[1],
+        })  # fmt: skip
+    by_name = {r["name"]: r for r in rows}
+    chosen = next((by_name[gate_name(s, lr)] for s, lr in GATE_ORDER if gate_name(s, lr) in by_name
+                   and by_name[gate_name(s, lr)]["passes"]), None)  # fmt: skip
+    needed_kl = None
+    points = sorted((r["per_update_kl"]["per_token"], r["low_weight_share"]) for r in rows
+                    if r["per_update_kl"]["per_token"] and r["low_weight_share"] == r["low_weight_share"]
+                    and r["setting"] != "short")  # fmt: skip
+    if chosen is None and len(points) >= 2:  # the per-update KL at which the long settings would reach the band
+        needed_kl = _interpolate_x(points, sum(GATE_BAND) / 2)
+    return {"band": list(GATE_BAND), "paper_share": 0.228, "map": rows, "passed": chosen is not None,
+            "chosen": None if chosen is None else {"setting": chosen["setting"], "lr": chosen["lr"]},
+            "per_update_kl_needed": needed_kl}  # fmt: skip
+
+
+def _interpolate_x(points: list[tuple[float, float]], y: float) -> float | None:
+    """x at which the piecewise-linear curve through ``points`` (sorted by x) reaches ``y`` (None if it never does)."""
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if min(y0, y1) <= y <= max(y0, y1) and y1 != y0:
+            return x0 + (x1 - x0) * (y - y0) / (y1 - y0)
+    return None
+
+
+def compare_specs(args, setting: str, lr: float) -> list[dict]:
+    specs = []
+    for seed_rank in range(max(args.seeds) + 1 if args.seeds else 5):
+        for arm in args.arms:
+            loss_args, n, n_seeds = ARMS[arm]
+            seed = seed_rank
+            if args.seeds is not None and seed not in args.seeds:
+                continue
+            if args.seeds is None and seed >= (1 if args.smoke else n_seeds):
+                continue
+            spec = base_spec(args, setting, seed)
+            if n == 1:
+                spec["N"] = 1
+            spec.update(name=f"{arm}-N{spec['N']}-seed{seed}", stage="compare", arm=arm, lr=lr, loss_args=loss_args,
+                        evaluate=True, runs_dir=str(Path(args.out, "arms")))  # fmt: skip
+            specs.append(spec)
+    return specs  # seed-major: every finished seed is paired across arms before the next seed starts
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Summary
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def compare_summary(runs: dict[str, dict]) -> dict:
+    """Per arm: per-seed numbers and their spread; the positive-branch diagnostic pooled over every seed's first half
+    (own batches; for dapo also ReSPO's and VESPO's weights on dapo's batches); paired differences against ReSPO."""
+    by_arm: dict[str, dict[int, dict]] = {}
+    for run in runs.values():
+        by_arm.setdefault(run["arm"], {})[run["seed"]] = run
+    arms = {}
+    for arm in [a for a in ARMS if a in by_arm]:
+        seeds = by_arm[arm]
+        stats = {seed: run_stats(run) for seed, run in sorted(seeds.items())}
+        pooled = _pooled([h for run in seeds.values() for h in first_half(run)])
+        per_seed = {
+            seed: {
+                "late_mean": s["late_mean"], "greedy_after": (s["heldout"] or {}).get("greedy_after"),
+                "sampled_after": (s["heldout"] or {}).get("sampled_after"),
+                "low_weight_share": s["positive_branch"]["share"], "mass_ratio": s["positive_branch"]["mass_ratio"],
+                "pos_length_growth": s["pos_length_growth"], "grad_norm": s["grad_norm"],
+                "per_update_kl": s["per_update_kl"]["per_token"], "clip_ratio": s["clip_ratio"], "wall_s": s["wall_s"],
+            }
+            for seed, s in stats.items()
+        }  # fmt: skip
+        arms[arm] = {
+            "loss_args": next(iter(seeds.values()))["loss_args"], "N": next(iter(seeds.values()))["N"],
+            "seeds": sorted(seeds), "per_seed": per_seed,
+            **{key: spread([v[key] for v in per_seed.values()]) for key in (
+                "late_mean", "greedy_after", "sampled_after", "pos_length_growth", "grad_norm", "per_update_kl",
+                "clip_ratio", "wall_s")},
+            "positive_branch": pooled,
+            "generated_tokens": statistics.fmean(r["generated_tokens"] for r in seeds.values()),
+            "updates": next(iter(seeds.values()))["updates"],
+        }  # fmt: skip
+    scores = {arm: {s: v["late_mean"] for s, v in a["per_seed"].items() if v["late_mean"] is not None}
+              for arm, a in arms.items()}  # fmt: skip
+    if "respo" in scores:
+        for arm, a in arms.items():
+            if arm != "respo":
+                a["respo_minus_this"] = paired(scores["respo"], scores[arm])
+                sampled = {s: v["sampled_after"] for s, v in a["per_seed"].items() if v["sampled_after"] is not None}
+                respo_sampled = {s: v["sampled_after"] for s, v in arms["respo"]["per_seed"].items()
+                                 if v["sampled_after"] is not None}  # fmt: skip
+                a["respo_minus_this_heldout_sampled"] = paired(respo_sampled, sampled)
+    return {"arms": arms, "scores": scores}
+
+
+def write_summary(args, out: Path) -> dict:
+    from benchmarks.machine import machine_info
+
+    gate_runs = {p.stem: json.loads(p.read_text()) for p in sorted(Path(out, "gate").glob("*.json"))}
+    compare_runs = {p.stem: json.loads(p.read_text()) for p in sorted(Path(out, "arms").glob("*.json"))}
+    gate = gate_summary(args, gate_runs)
+    comparison = compare_summary(compare_runs) if compare_runs else {"arms": {}, "scores": {}}
+    setting = next(iter(compare_runs.values()))["setting"] if compare_runs else None
+    lr = next(iter(compare_runs.values()))["lr"] if compare_runs else None
+    summary = {
+        "gate": gate,
+        "comparison": {"setting": setting, "lr": lr, "N": N_PAPER, "arms": comparison["arms"],
+                       "updates": next(iter(compare_runs.values()))["updates"] if compare_runs else None},
+        "verdict": verdict(gate["passed"], comparison["scores"]) if comparison["scores"] else None,
+        "machine": {**machine_info(), "workers": args.workers, "threads_per_worker": 1},
+        "command": "python benchmarks/regime.py " + " ".join(sys.argv[1:]),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "regime.json").write_text(json.dumps(summary, indent=1))
+    plots = [plot_gate(summary, out / "regime_gate.png")] if gate["map"] else []
+    if comparison["arms"]:
+        plots.append(plot_comparison(summary, compare_runs, out / "regime_comparison.png"))
+    print(markdown(summary))
+    print(f"\nwrote {out / 'regime.json'}" + (f" and {', '.join(map(str, plots))}" if plots else ""))
+    return summary
+
+
+COLORS = {"dapo": "tab:blue", "dapo_clip_higher": "tab:cyan", "vespo": "tab:green", "gspo": "tab:purple",
+          "respo": "tab:red", "respo_pos1": "tab:orange", "onpolicy": "gray"}  # fmt: skip
+
+
+def plot_gate(summary: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for row in summary["gate"]["map"]:
+        per_k = row["low_weight_by_staleness"]["per_k"]
+        ks = sorted(per_k, key=int)
+        ax.plot([int(k) for k in ks], [100 * per_k[k]["share"] for k in ks], marker=".", lw=1,
+                label=f"{row['name']}: {100 * row['low_weight_share']:.1f}%")  # fmt: skip
+    lo, hi = summary["gate"]["band"]
+    ax.axhspan(100 * lo, 100 * hi, color="gold", alpha=0.2, label="gate band (pooled share)")
+    ax.axhline(22.8, color="k", lw=0.8, ls="--", label="paper, N = 32: 22.8%")
+    ax.set(xlabel="staleness k (updates since sampled)", ylabel="positives with log W < -1 (%)",
+           title="Regime gate: TRL dapo, N = 32, first half of the updates, seed 0")  # fmt: skip
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _windows(run: dict, width: int = N_PAPER) -> list[tuple[float, float, float]]:
+    """(updates, generated tokens, training score) per window of ``width`` updates (one N = 32 rollout batch)."""
+    out = []
+    tokens = 0.0
+    rows = run["history"]
+    for start in range(0, run["updates"], width):
+        window = [h for h in rows if start < h["step"] <= start + width]
+        rewards = [h["reward"] for h in window if "reward" in h]
+        tokens = max([h.get("reuse/generated_tokens", tokens) for h in window] + [tokens])
+        if rewards:
+            out.append((start + width, tokens, statistics.fmean(rewards)))
+    return out
+
+
+def plot_comparison(summary: dict, runs: dict[str, dict], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = summary["comparison"]["arms"]
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    for arm in arms:
+        curves = [_windows(r) for r in runs.values() if r["arm"] == arm]
+        length = min(len(c) for c in curves)
+        mean = lambda i, j: statistics.fmean(c[i][j] for c in curves)  # noqa: E731
+        label = f"{arm} (N = {arms[arm]['N']}, {len(curves)} seeds)"
+        for ax, x in ((axes[0], 0), (axes[1], 1)):
+            ax.plot([mean(i, x) / (1e6 if x else 1) for i in range(length)], [100 * mean(i, 2) for i in range(length)],
+                    marker="o", ms=3, color=COLORS.get(arm), label=label)  # fmt: skip
+    axes[0].set(xlabel="policy updates", ylabel="training score (accuracy, %), seed mean, per 32 updates")
+    axes[1].set(xlabel="generated tokens (M)", ylabel="training score (%)")
+    for ax in axes[:2]:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    ax = axes[2]
+    others = [a for a in arms if a != "respo" and arms[a].get("respo_minus_this", {}).get("mean") is not None]
+    for i, arm in enumerate(others):
+        d = arms[arm]["respo_minus_this"]
+        ax.scatter([i] * len(d["per_seed"]), list(d["per_seed"].values()), color=COLORS.get(arm), s=14)
+        if d["ci"]:
+            ax.errorbar([i + 0.15], [d["mean"]], yerr=[[d["mean"] - d["ci"][0]], [d["ci"][1] - d["mean"]]], fmt="k_",
+                        capsize=4)  # fmt: skip
+    ax.axhline(0, color="gray", lw=0.8)
+    ax.axhline(RULE["min_gain_points"], color="tab:red", lw=0.8, ls="--", label="+3 points (the rule)")
+    ax.set_xticks(range(len(others)), others, rotation=20, fontsize=8)
+    ax.set(ylabel="ReSPO minus arm, late-mean score (points)", title="paired by seed; bars: mean and 95% interval")
+    ax.legend(fontsize=8)
+    setting = summary["comparison"]["setting"]
+    v = (summary.get("verdict") or {}).get("verdict", "n/a")
+    fig.suptitle(f"The paper's regime on the tiny LM: {setting}, lr {summary['comparison']['lr']:g}, N = 32, "
+                 f"{summary['comparison']['updates']} updates; verdict: {v}")  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _p(x, scale=100.0, digits=1, sign=False):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{scale * x:{'+' if sign else ''}.{digits}f}"
+
+
+def _pm(stats, scale=100.0, digits=1):
+    if not stats or stats.get("mean") is None:
+        return "n/a"
+    return f"{scale * stats['mean']:.{digits}f} ± {scale * stats['std']:.{digits}f}"
+
+
+def markdown(summary: dict) -> str:
+    gate = summary["gate"]
+    lines = ["Regime map (TRL `dapo`, N = 32, first half of the updates, seed 0; profile: warm start before RL, "
+             "training prompts at temperature 1):", "",
+             "| setting | lr | terms | nuisance | teacher error | T=1 accuracy | nats/token | nats/response | length "
+             "| positives | low-W share (pooled) | by staleness 0-7 / 8-15 / 16-23 / 24-31 | mean log W, k >= 16 "
+             "| per-update KL (per token / per response) | gate |",
+             "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]  # fmt: skip
+    for r in gate["map"]:
+        t1 = (r["profile"] or {}).get("train_t1", {})
+        bins = " / ".join(_p(b["share"]) for b in r["low_weight_by_staleness"]["bins"].values())
+        kl = r["per_update_kl"]
+        lines.append(
+            f"| {r['setting']} | {r['lr']:g} | {r['terms'][0]}-{r['terms'][1]} | {'yes' if r['nuisance'] else 'no'} "
+            f"| {r['teacher_error']:g} | {_p(t1.get('accuracy'))}% | {_p(t1.get('entropy_per_token'), 1, 3)} "
+            f"| {_p(t1.get('entropy_per_response'), 1, 1)} | {_p(t1.get('mean_length'), 1, 0)} | {r['positives']:.0f} "
+            f"| {_p(r['low_weight_share'])}% | {bins} | {_p(r['log_w_mean_k16'], 1, 2)} "
+            f"| {_p(kl['per_token'], 1, 5)} / {_p(kl['per_response'], 1, 3)} | {'**pass**' if r['passes'] else 'no'} |"
+        )
+    chosen = gate["chosen"]
+    lines += ["", f"Gate: {'passed, ' + chosen['setting'] + ' at lr ' + format(chosen['lr'], 'g') if chosen else 'no setting passed'}"
+              + ("" if chosen or gate["per_update_kl_needed"] is None else
+                 f"; per-update KL needed (interpolated): {gate['per_update_kl_needed']:.5f} per token")]  # fmt: skip
+    arms = summary["comparison"]["arms"]
+    if arms:
+        lines += ["", f"Comparison ({summary['comparison']['setting']}, lr {summary['comparison']['lr']:g}, "
+                  f"{summary['comparison']['updates']} updates):", "",
+                  "| arm | N | seeds | late-mean score (%) | per seed (%) | held-out greedy (%) | held-out avg@8, T=1 (%) "
+                  "| low-W share / mass share / ratio (own, first half) | ReSPO / VESPO ratio on these batches "
+                  "| positive length growth | grad norm | per-update KL (per token) | clipped fraction | wall (s) |",
+                  "|---|---:|---:|---:|---|---:|---:|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for arm, a in arms.items():
+            pb = a["positive_branch"]
+            per_seed = " / ".join(_p(v["late_mean"]) for _, v in sorted(a["per_seed"].items()))
+            lines.append(
+                f"| {arm} | {a['N']} | {len(a['seeds'])} | {_pm(a['late_mean'])} | {per_seed} | {_pm(a['greedy_after'])} "
+                f"| {_pm(a['sampled_after'])} | {_p(pb['share'])}% / {_p(pb['mass_share'])}% / {_p(pb['mass_ratio'], 1, 2)} "
+                f"| {_p(pb['respo_mass_ratio'], 1, 2)} / {_p(pb['vespo_mass_ratio'], 1, 2)} "
+                f"| {_pm(a['pos_length_growth'])}% | {_pm(a['grad_norm'], 1, 3)} | {_pm(a['per_update_kl'], 1, 5)} "
+                f"| {_pm(a['clip_ratio'], 100, 2)}% | {_pm(a['wall_s'], 1, 0)} |"
+            )
+        lines += ["", "| ReSPO minus | seeds | per seed (points) | mean | 95% interval | held-out avg@8: mean (interval) |",
+                  "|---|---|---|---:|---|---|"]  # fmt: skip
+        for arm, a in arms.items():
+            d, h = a.get("respo_minus_this"), a.get("respo_minus_this_heldout_sampled")
+            if not d or d["mean"] is None:
+                continue
+            ci = "n/a" if not d["ci"] else f"[{d['ci'][0]:+.1f}, {d['ci'][1]:+.1f}]"
+            hci = "" if not h or not h["ci"] else f" ([{h['ci'][0]:+.1f}, {h['ci'][1]:+.1f}])"
+            per = " / ".join(f"{v:+.1f}" for _, v in sorted(d["per_seed"].items()))
+            lines.append(f"| {arm} | {len(d['seeds'])} | {per} | {d['mean']:+.1f} | {ci} "
+                         f"| {'n/a' if not h or h['mean'] is None else format(h['mean'], '+.1f')}{hci} |")  # fmt: skip
+    v = summary.get("verdict")
+    if v:
+        lines += ["", f"Verdict: **{v['verdict']}** (best baseline: {v['best_baseline']}; {v.get('reason', '')})"
+                  + (f"; seeds to resolve at the observed spread: {v['seeds_to_resolve']}" if v.get("seeds_to_resolve") else "")]  # fmt: skip
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("stage", choices=["gate", "compare", "summary"], help="What to run (see the module docstring).")
+    p.add_argument("--out", default="docs/benchmarks/regime", help="Output folder: gate/, arms/, regime.json, plots.")
+    p.add_argument("--work", default="outputs/regime", help="Warm starts (with their profiles), logs, scratch space.")
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="compare: the arms to run.")
+    p.add_argument("--seeds", nargs="+", type=int, default=None, help="compare: seeds (default: each arm's count).")
+    p.add_argument("--setting", default=None, help="compare: task setting (default: the gate's choice).")
+    p.add_argument("--lr", type=float, default=None, help="compare: learning rate (default: the gate's choice).")
+    p.add_argument("--override-gate", action="store_true", help="compare: run although no setting passed the gate.")
+    p.add_argument("--workers", type=int, default=2, help="Runs at once (one torch thread each).")
+    p.add_argument("--smoke", action="store_true", help="Tiny sizes for the test suite (seconds, numbers meaningless).")
+    p.add_argument("--fresh", action="store_true", help="Forget this stage's finished runs and start over.")
+    p.add_argument("--markdown", action="store_true", help="summary: print the docs tables only.")
+    p.add_argument("recipe_args", nargs="*", help="Extra recipe overrides after '--' (every run of the stage).")
+    args = p.parse_args(argv)
+    if args.workers < 1:
+        p.error("--workers must be >= 1")
+    if args.setting is not None and args.setting not in SETTINGS:
+        p.error(f"--setting must be one of {sorted(SETTINGS)}, got {args.setting!r}")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse(argv)
+    out = Path(args.out)
+    if args.stage == "summary":
+        if args.markdown:
+            summary = json.loads((out / "regime.json").read_text())
+            print(markdown(summary))
+            return summary
+        return write_summary(args, out)
+    load_recipe().parse_args(["--tiny_model", "dense", *(SMOKE["args"] if args.smoke else []), *args.recipe_args])
+    if args.stage == "gate":
+        runs_dir = out / "gate"
+        if args.fresh:
+            shutil.rmtree(runs_dir, ignore_errors=True)
+        run_all(args, gate_specs(args), runs_dir)
+        return write_summary(args, out)
+    gate_runs = {p.stem: json.loads(p.read_text()) for p in sorted(Path(out, "gate").glob("*.json"))}
+    gate = gate_summary(args, gate_runs)
+    setting, lr = args.setting, args.lr
+    if gate["chosen"] is None and not args.override_gate:
+        print(markdown({"gate": gate, "comparison": {"arms": {}}}))
+        raise SystemExit(
+            "no task setting passed the regime gate (the map is above): the comparison would say nothing about the "
+            "paper's claim. Run `regime.py gate` first, or pass --override-gate (with --setting and --lr) to run it anyway."
+        )
+    if gate["chosen"] is not None:
+        setting = setting or gate["chosen"]["setting"]
+        lr = lr or gate["chosen"]["lr"]
+    if setting is None or lr is None:
+        raise SystemExit("--override-gate needs --setting and --lr (no setting passed the gate to take them from)")
+    if setting not in settings_for(args):
+        raise SystemExit(f"--setting {setting!r} is not a setting of this run ({sorted(settings_for(args))})")
+    runs_dir = out / "arms"
+    if args.fresh:
+        shutil.rmtree(runs_dir, ignore_errors=True)
+    run_all(args, compare_specs(args, setting, lr), runs_dir)
+    return write_summary(args, out)
+
+
+if __name__ == "__main__":
+    main()
