@@ -137,8 +137,8 @@ def profile_warm_start(setting: str, seed: int, args: list[str], path: str, n_pr
     if profile_path.exists():
         return json.loads(profile_path.read_text())
     recipe = load_recipe()
-    script_args, training_args, _ = recipe.parse_args(["--tiny_model", "dense", "--seed", str(seed), *args])
-    train, heldout = recipe.build_datasets(script_args)
+    script_args, training_args, _ = recipe.parse_args(["--tiny_model", "dense", "--seed", str(seed), *RL_ARGS, *args])
+    train, heldout = recipe.build_datasets(script_args)  # the runs' held-out set (RL_ARGS: 256 problems)
     model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
     tokens = training_args.max_completion_length
     start = time.time()
