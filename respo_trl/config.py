@@ -8,6 +8,7 @@ ReSPO does with the settings it reinterprets; the trainer logs them once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
@@ -16,6 +17,9 @@ from .kernels import RESPO_DEFAULTS, check_constant
 from .routing_replay import config_problems
 
 TRUST_MASK_MODES = ("auto", "directional", "none")
+# TRL's token-level clip defaults (GRPOConfig.epsilon; epsilon_high defaults to epsilon): the trust mask's bounds when
+# TRL's own epsilons are sequence-level (GSPO-style configs), where they mean something else entirely.
+TRL_TOKEN_EPSILON = GRPOConfig.__dataclass_fields__["epsilon"].default
 SAMPLER_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL 1.16's vLLM IS modes
 
 # ReSPOConfig field -> (kernel argument, kind checked by `check_constant`)
@@ -65,6 +69,14 @@ class ReSPOConfig(GRPOConfig):
             turns it on when samples are used more than once (``num_iterations > 1``) and off when each sample is used
             once (the paper's setting, paper-pure); ``"directional"`` always; ``"none"`` never. Not in the paper: see
             docs/method.md for the evidence behind ``"auto"``.
+        respo_trust_epsilon (`float`, *optional*):
+            Lower token-ratio bound of the trust mask (``A < 0`` tokens below ``1 - respo_trust_epsilon`` are stopped).
+            Unset: TRL's ``epsilon`` when ``importance_sampling_level="token"``; TRL's token default (0.2) when TRL's
+            epsilons are sequence-level (a GSPO-style ``epsilon=3e-4`` would stop nearly every token).
+        respo_trust_epsilon_high (`float`, *optional*):
+            Upper token-ratio bound (``A > 0`` tokens above ``1 + respo_trust_epsilon_high`` are stopped). Unset:
+            ``respo_trust_epsilon`` if set, else as above with TRL's ``epsilon_high``. TRL's two-sided ``delta`` also
+            applies (``A < 0`` tokens above ``delta``) when TRL's epsilons are token-level.
 
         > Rollout reuse (docs/reuse.md maps these to the paper's N and to verl)
 
@@ -138,6 +150,20 @@ class ReSPOConfig(GRPOConfig):
             "help": "Directional token trust mask (zero a token's gradient where clipped PPO would, keep phi): "
             "'auto' (on when num_iterations > 1, off when each sample is used once), 'directional' or 'none'.",
             "choices": list(TRUST_MASK_MODES),
+        },
+    )
+    respo_trust_epsilon: float | None = field(
+        default=None,
+        metadata={
+            "help": "Trust mask: lower token-ratio bound (stop A < 0 tokens below 1 - this). Unset: TRL's epsilon at "
+            "token level, TRL's token default 0.2 when the epsilons are sequence-level (GSPO-style)."
+        },
+    )
+    respo_trust_epsilon_high: float | None = field(
+        default=None,
+        metadata={
+            "help": "Trust mask: upper token-ratio bound (stop A > 0 tokens above 1 + this). Unset: "
+            "respo_trust_epsilon if set, else TRL's epsilon_high at token level, 0.2 when sequence-level."
         },
     )
     respo_updates_per_rollout: int | None = field(
@@ -225,6 +251,12 @@ class ReSPOConfig(GRPOConfig):
             setattr(self, name, check_constant(name, getattr(self, name), kind))
         if self.respo_trust_mask not in TRUST_MASK_MODES:
             raise ValueError(f"respo_trust_mask must be one of {TRUST_MASK_MODES}, got {self.respo_trust_mask!r}")
+        for name in ("respo_trust_epsilon", "respo_trust_epsilon_high"):
+            value = getattr(self, name)
+            upper = 1.0 if name == "respo_trust_epsilon" else math.inf
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0.0 < value < upper):  # fmt: skip
+                raise ValueError(f"{name} must be in (0, {upper:g}) or unset, got {value!r}")
         _positive_int("respo_reuse (num_iterations)", self.respo_reuse)
         if self.respo_min_ess is not None and not (
             isinstance(self.respo_min_ess, (int, float)) and 0.0 < self.respo_min_ess <= 1.0
@@ -245,6 +277,23 @@ class ReSPOConfig(GRPOConfig):
         if self.respo_trust_mask == "auto":
             return self.num_iterations > 1
         return self.respo_trust_mask == "directional"
+
+    @property
+    def respo_trust_bounds(self) -> tuple[float, float, float]:
+        """``(epsilon_low, epsilon_high, delta)`` of the trust mask on *token* ratios (``delta = inf``: no cap).
+
+        TRL's ``epsilon``/``epsilon_high``/``delta`` are reused only when they are token-level bounds; GSPO-style
+        sequence-level epsilons (3e-4 / 4e-4) would stop 74-98% of the tokens on reuse passes, so the mask then
+        falls back to TRL's token default. ``respo_trust_epsilon(_high)`` override either way."""
+        token_level = self.importance_sampling_level == "token"
+        low = self.epsilon if token_level else TRL_TOKEN_EPSILON
+        high = (self.epsilon_high if self.epsilon_high is not None else self.epsilon) if token_level else TRL_TOKEN_EPSILON
+        if self.respo_trust_epsilon is not None:
+            low = high = self.respo_trust_epsilon
+        if self.respo_trust_epsilon_high is not None:
+            high = self.respo_trust_epsilon_high
+        delta = self.delta if token_level and self.delta is not None else math.inf
+        return float(low), float(high), float(delta)
 
     @property
     def respo_reshuffle_active(self) -> bool:
@@ -279,7 +328,12 @@ def describe_kernel(args: ReSPOConfig) -> str:
     """One line naming the kernel constants (on the raw sequence ratio ``W``) and the trust mask in use."""
     c = args.kernel_constants
     paper = all(c[k] == RESPO_DEFAULTS[k] for k in c)
-    mask = "directional token trust mask ON" if args.respo_trust_mask_active else "no token trust mask"
+    if args.respo_trust_mask_active:
+        low, high, delta = args.respo_trust_bounds
+        cap = "" if delta == math.inf else f", A < 0 above {delta:g}"
+        mask = f"directional token trust mask ON (token ratio bounds [1 - {low:g}, 1 + {high:g}]{cap})"
+    else:
+        mask = "no token trust mask"
     return (
         f"ReSPO kernel (alpha, beta, lambda) pos=({c['alpha_pos']:g}, {c['beta_pos']:g}, {c['lam_pos']:g}) "
         f"neg=({c['alpha_neg']:g}, {c['beta_neg']:g}, {c['lam_neg']:g}) on the raw sequence ratio W"
@@ -293,6 +347,13 @@ def respo_notes(args: ReSPOConfig) -> list[str]:
     if args.loss_type != "respo":
         return []
     notes = []
+    if args.respo_trust_mask_active and args.importance_sampling_level != "token" and args.respo_trust_epsilon is None:
+        low, high, _ = args.respo_trust_bounds
+        notes.append(
+            f"the token trust mask uses token-ratio bounds {low:g} / {high:g} (TRL's token default), not the "
+            f"sequence-level epsilon {args.epsilon:g} / {args.epsilon_high:g} of this config; set "
+            "respo_trust_epsilon / respo_trust_epsilon_high to choose them."
+        )
     if args.importance_sampling_level != "token":
         notes.append(
             f"importance_sampling_level={args.importance_sampling_level!r} does not apply to loss_type='respo': "

@@ -111,7 +111,7 @@ def sequence_stats(
         kl = ((torch.expm1(rho) - rho) * kept_f).sum(-1)  # k3: r - 1 - log r >= 0, unbiased for KL(pi_old || pi)
         trust_masked = torch.zeros_like(lengths)
         if loss_name == "respo" and params.respo_trust_mask:
-            kept_trust = directional_trust_mask(log_ratio, adv, kept, params.epsilon_low, params.epsilon_high)
+            kept_trust = directional_trust_mask(log_ratio, adv, kept, *params.trust_bounds())
             trust_masked = (kept.float() - kept_trust).clamp(min=0).sum(-1)
         columns = {
             "valid": (lengths > 0).float(),

@@ -177,18 +177,27 @@ def gamma_kernel(log_w: Tensor, advantages: Tensor, k_pos: float, lam_pos: float
 
 
 def directional_trust_mask(
-    log_ratio: Tensor, advantages: Tensor, mask: Tensor, epsilon_low: float, epsilon_high: float
+    log_ratio: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    delta: float | None = None,
 ) -> Tensor:
     """1 where a token keeps its gradient, 0 exactly where clipped PPO would zero it (in its advantage's direction).
 
-    Clipped PPO stops a token's gradient when ``A > 0`` and ``r_it > 1 + epsilon_high`` (already pushed up) or when
-    ``A < 0`` and ``r_it < 1 - epsilon_low`` (already pushed down). Everything else passes, in particular every token
-    of a low-weight positive sequence, which is what ReSPO protects. ``advantages`` is (B,) or (B, T).
+    Clipped PPO (TRL's ``dapo``/``grpo`` at token level) stops a token's gradient when ``A > 0`` and
+    ``r_it > 1 + epsilon_high`` (already pushed up), when ``A < 0`` and ``r_it < 1 - epsilon_low`` (already pushed
+    down) and, with TRL's two-sided cap ``delta``, when ``A < 0`` and ``r_it > delta`` (TRL caps the ratio there, so
+    the surrogate is constant). Everything else passes, in particular every token of a low-weight positive sequence,
+    which is what ReSPO protects. The bounds are *token*-ratio bounds. ``advantages`` is (B,) or (B, T).
     """
     with torch.no_grad():
         a = advantages.reshape(advantages.shape[0], -1) if advantages.dim() > 1 else advantages.unsqueeze(-1)
         r = torch.exp(log_ratio.detach().float())
         stop = ((a > 0) & (r > 1 + epsilon_high)) | ((a < 0) & (r < 1 - epsilon_low))
+        if delta is not None:
+            stop = stop | ((a < 0) & (r > delta))
         return (~stop & mask.bool()).float()
 
 
@@ -218,6 +227,11 @@ class LossParams:
     respo_beta_neg: float = RESPO_DEFAULTS["beta_neg"]
     respo_lambda_neg: float = RESPO_DEFAULTS["lam_neg"]
     respo_trust_mask: bool = False
+    # the trust mask's own token-ratio bounds (ReSPOConfig.respo_trust_bounds); None: epsilon_low / epsilon_high /
+    # delta (math.inf: no cap)
+    trust_epsilon_low: float | None = None
+    trust_epsilon_high: float | None = None
+    trust_delta: float | None = None
 
     @classmethod
     def from_config(cls, args, **overrides) -> "LossParams":
@@ -229,7 +243,17 @@ class LossParams:
             values["epsilon_high"] = values.get("epsilon_low", cls.epsilon_low)
         if hasattr(args, "respo_trust_mask_active"):  # ReSPOConfig resolves "auto" against the reuse settings
             values["respo_trust_mask"] = args.respo_trust_mask_active
+        bounds = getattr(args, "respo_trust_bounds", None)  # the mask's token bounds, whatever TRL's epsilons mean
+        if bounds is not None:
+            values["trust_epsilon_low"], values["trust_epsilon_high"], values["trust_delta"] = bounds
         return cls(**{**values, **overrides})
+
+    def trust_bounds(self) -> tuple[float, float, float | None]:
+        """``(epsilon_low, epsilon_high, delta)`` of the directional token trust mask (token-ratio bounds)."""
+        low = self.epsilon_low if self.trust_epsilon_low is None else self.trust_epsilon_low
+        high = self.epsilon_high if self.trust_epsilon_high is None else self.trust_epsilon_high
+        delta = self.delta if self.trust_delta is None else self.trust_delta
+        return low, high, None if delta == math.inf else delta
 
     def respo_constants(self) -> dict[str, float]:
         """The six kernel constants under :func:`respo_kernel`'s argument names."""
@@ -376,7 +400,7 @@ def respo_coefficients(
         phi = respo_kernel(log_w_t, a.float(), **params.respo_constants())  # (B, 1) or (B, T)
         coef = phi * kept.float()
         if params.respo_trust_mask:
-            coef = coef * directional_trust_mask(log_ratio, advantages, kept, params.epsilon_low, params.epsilon_high)
+            coef = coef * directional_trust_mask(log_ratio, advantages, kept, *params.trust_bounds())
         return coef
 
 

@@ -83,6 +83,9 @@ def test_every_respo_field_has_help_text(configs):
         ("respo_trust_mask", "symmetric", "respo_trust_mask"),
         ("respo_updates_per_rollout", 0, "respo_updates_per_rollout"),
         ("respo_reshuffle", "yes", "respo_reshuffle"),
+        ("respo_trust_epsilon", 0.0, "respo_trust_epsilon"),
+        ("respo_trust_epsilon", 1.0, "respo_trust_epsilon"),
+        ("respo_trust_epsilon_high", -0.1, "respo_trust_epsilon_high"),
     ],
 )
 def test_invalid_values_raise_naming_the_field(configs, tmp_path, field, value, match):
@@ -165,3 +168,27 @@ def test_removed_normalisation_option_is_an_error_naming_it(configs, tmp_path):
         )
     line = describe_kernel(build(configs, tmp_path))
     assert "raw sequence ratio W (the paper)" in line and "respo_norm" not in line
+
+
+def test_gspo_style_epsilons_do_not_become_the_trust_masks_token_bounds(configs, tmp_path):
+    """The 0.3 training bug: a GSPO-style GRPOConfig (sequence-level epsilon 3e-4 / 4e-4) upgraded to ReSPO with
+    num_iterations=2 turned the trust mask on with those bounds on *token* ratios, zeroing 74-98% of the tokens of
+    every reuse pass. The mask now uses TRL's token default there, says so, and prints its bounds."""
+    from respo_trl.config import describe_kernel, respo_notes
+    from respo_trl.kernels import LossParams
+
+    ReSPOConfig, GRPOConfig = configs
+    plain = GRPOConfig(output_dir=str(tmp_path), **{**CPU_ARGS, "loss_type": "grpo", "importance_sampling_level":
+                       "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4, "num_iterations": 2})  # fmt: skip
+    upgraded = ReSPOConfig.from_grpo_config(plain)
+    assert upgraded.respo_trust_mask_active
+    assert LossParams.from_config(upgraded).trust_bounds() == (0.2, 0.2, None)
+    assert "[1 - 0.2, 1 + 0.2]" in describe_kernel(upgraded)
+    assert any("sequence-level epsilon 0.0003 / 0.0004" in note for note in respo_notes(upgraded))
+    # token-level epsilons (and TRL's two-sided delta) are the mask's bounds; its own fields override them
+    token = build(configs, tmp_path, num_iterations=2, epsilon_high=0.28, delta=1.5)
+    assert LossParams.from_config(token).trust_bounds() == (0.2, 0.28, 1.5)
+    assert "A < 0 above 1.5" in describe_kernel(token)
+    own = build(configs, tmp_path, num_iterations=2, respo_trust_epsilon=0.1, importance_sampling_level="sequence")
+    assert LossParams.from_config(own).trust_bounds() == (0.1, 0.1, None)
+    assert not any("sequence-level epsilon" in note for note in respo_notes(own))

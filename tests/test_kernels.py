@@ -202,6 +202,31 @@ def test_directional_trust_mask_zeroes_exactly_the_tokens_clipped_ppo_stops():
     assert low_pos.any() and (trust[low_pos] == 1).all()
 
 
+@pytest.mark.parametrize("epsilons", [(0.2, 0.2), (0.2, 0.28), (0.1, 0.3)])
+def test_trust_mask_zero_set_is_clipped_ppos_with_trls_two_sided_delta(epsilons):
+    """Catches: TRL's delta ignored (A < 0 tokens above delta keep their gradient where TRL's loss gives none: 168
+    tokens of this batch with 0.2's mask), delta applied to positives, the bounds swapped."""
+    gen = torch.Generator().manual_seed(11)
+    log_ratio = torch.randn(128, 12, generator=gen) * 0.6
+    adv = torch.randn(128, generator=gen)
+    mask = (torch.rand(128, 12, generator=gen) < 0.9).long()
+    params = K.LossParams(epsilon_low=epsilons[0], epsilon_high=epsilons[1], delta=1.5)
+    trust = K.directional_trust_mask(log_ratio, adv, mask, *params.trust_bounds())
+    ppo_zero = (K.gradient_coefficients("ppo", log_ratio, adv, mask, params) == 0) & mask.bool()
+    assert torch.equal(trust == 0, ppo_zero | ~mask.bool())
+    capped = (adv < 0).unsqueeze(-1) & (torch.exp(log_ratio) > 1.5) & mask.bool()
+    assert capped.sum() > 50 and (trust[capped] == 0).all()  # the delta cap is exercised, on negatives only
+    assert (trust[(adv > 0).unsqueeze(-1) & (torch.exp(log_ratio) > 1.5) & mask.bool()] == 0).all()  # clipped anyway
+
+
+def test_trust_bounds_fall_back_to_the_losss_epsilons_and_can_be_set_apart():
+    params = K.LossParams(epsilon_low=0.1, epsilon_high=0.3, delta=2.0)
+    assert params.trust_bounds() == (0.1, 0.3, 2.0)
+    own = K.LossParams(epsilon_low=3e-4, epsilon_high=4e-4, trust_epsilon_low=0.2, trust_epsilon_high=0.25,
+                       trust_delta=math.inf)  # fmt: skip
+    assert own.trust_bounds() == (0.2, 0.25, None)
+
+
 def test_respo_coefficients_are_phi_times_trust_mask():
     gen = torch.Generator().manual_seed(11)
     log_ratio = torch.randn(32, 6, generator=gen) * 0.4
