@@ -449,16 +449,39 @@ class RoutingReplayMixin:
             output[ROUTES_KEY] = self.routing_replay.take_layout(output["prompt_ids"], output["completion_ids"])
         return output
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        pixel_values=None,
+        image_grid_thw=None,
+        num_images=None,
+        pixel_attention_mask=None,
+        spatial_shapes=None,
+        num_tiles=None,
+        image_sizes=None,
+        token_type_ids=None,
+        mm_token_type_ids=None,
+        image_position_ids=None,
+    ):
+        # TRL 1.16's exact signature (tests/test_trainer.py compares them), passed through by keyword
+        kwargs = dict(
+            batch_size=batch_size, compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss,
+            pixel_values=pixel_values, image_grid_thw=image_grid_thw, num_images=num_images,
+            pixel_attention_mask=pixel_attention_mask, spatial_shapes=spatial_shapes, num_tiles=num_tiles,
+            image_sizes=image_sizes, token_type_ids=token_type_ids, mm_token_type_ids=mm_token_type_ids,
+            image_position_ids=image_position_ids,
+        )  # fmt: skip
         replay = self.routing_replay
         if replay is None:
-            return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
-            )
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, **kwargs)
         with replay.replaying(input_ids, replay.forward_routes(input_ids, logits_to_keep)):
-            return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
-            )
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, **kwargs)
 
     def _compute_loss(self, model, inputs):
         replay = self.routing_replay

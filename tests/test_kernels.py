@@ -397,3 +397,19 @@ def test_ppo_delta_caps_the_ratio_of_negatives():
     torch.testing.assert_close(loss, torch.full((1, 1), 1.5))
     uncapped = K.get_policy_loss("ppo")(log_ratio, adv, mask, K.LossParams())
     torch.testing.assert_close(uncapped, torch.full((1, 1), 3.0))
+
+
+def test_a_sequence_the_sampler_mask_dropped_is_not_counted_as_on_policy():
+    """vLLM sequence_mask gives a dropped sequence the ratio 0: it has no W, so it must not enter the log-weight
+    statistics, the ESS, phi_mean or the positive-branch diagnostic as log W = 0 / phi = 1 (0.2 did that)."""
+    from respo_trl.diagnostics import sequence_stats, summarize
+
+    log_ratio = torch.tensor([[-0.9, -0.8, 0.0], [0.0, 0.0, 0.0], [0.1, 0.0, 0.0]])
+    adv = torch.tensor([1.0, 1.0, -1.0])
+    mask = torch.ones(3, 3)
+    ratio = torch.tensor([[1.0], [0.0], [1.0]])  # the middle sequence dropped by the sampler mask
+    metrics = summarize(sequence_stats(log_ratio, adv, mask, K.LossParams(), "respo", sampler_ratio=ratio))
+    assert metrics["starvation/low_weight_pos/n"] == 1.0 and metrics["starvation/low_weight_pos/share"] == 1.0
+    assert metrics["offpolicy/log_weight/max"] == pytest.approx(0.1) and metrics["offpolicy/log_weight/min"] == pytest.approx(-1.7)
+    assert metrics["respo/phi_mean/pos"] == pytest.approx(K.respo_kernel(torch.tensor([-1.7]), torch.tensor([1.0])).item())
+    assert metrics["starvation/grad_throughput/pos"] < 0.8  # the dropped positive still counts: it gets no gradient

@@ -196,3 +196,96 @@ def test_on_policy_respo_run_is_the_dapo_run(make_trainer):
         torch.testing.assert_close(value, runs["dapo"][0][name], rtol=1e-5, atol=1e-6, msg=name)
     assert runs["respo"][1] == runs["dapo"][1]  # same parameters, hence the same samples and rewards
     # (the logged loss values differ: dapo's surrogate is -w A, ReSPO's -phi A log pi; only their gradients agree)
+
+
+def _signature(obj):
+    import inspect
+
+    func = obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
+    return [(p.name, p.kind, p.default) for p in inspect.signature(func).parameters.values()]
+
+
+def test_every_inherited_trl_method_keeps_its_signature_and_kind():
+    """Catches an override that TRL's own code or a user calls in a way the override does not accept: 0.2 made
+    TRL's @staticmethod get_off_policy_mask (and get_gamma_weights) instance methods, so the documented
+    ``ReSPOTrainer.get_off_policy_mask(...)`` raised TypeError."""
+    import inspect
+
+    from trl import GRPOTrainer
+
+    from respo_trl import ReSPOTrainer
+
+    checked = []
+    for cls in ReSPOTrainer.__mro__[: ReSPOTrainer.__mro__.index(GRPOTrainer)]:
+        for name, mine in vars(cls).items():
+            if name.startswith("__") or not callable(getattr(ReSPOTrainer, name, None)) or not hasattr(GRPOTrainer, name):
+                continue
+            theirs = inspect.getattr_static(GRPOTrainer, name)
+            assert type(mine) is type(theirs), f"{cls.__name__}.{name} is a {type(mine).__name__}, TRL's a {type(theirs).__name__}"
+            assert _signature(mine) == _signature(theirs), f"{cls.__name__}.{name}"
+            checked.append(name)
+    assert {"_compute_loss", "_prepare_inputs", "_get_per_token_logps_and_entropies", "train", "push_to_hub"} <= set(checked)
+
+
+def test_trl_helpers_are_callable_the_way_trl_and_its_tests_call_them():
+    """TRL calls its static helpers on the class and its tests call instance helpers unbound with a Mock(spec=...)."""
+    from unittest.mock import Mock
+
+    from trl import GRPOTrainer
+
+    from respo_trl import ReSPOTrainer
+
+    gen = torch.Generator().manual_seed(0)
+    logps, old = -torch.rand(4, 6, generator=gen), -torch.rand(4, 6, generator=gen)
+    mask, adv = torch.ones(4, 6), torch.tensor([[1.0], [-1.0], [0.5], [-0.5]])
+    kwargs = dict(advantages=adv, per_token_logps=logps, sampling_per_token_logps=old, mask=mask, off_policy_threshold=0.1)
+    assert torch.equal(ReSPOTrainer.get_off_policy_mask(**kwargs), GRPOTrainer.get_off_policy_mask(**kwargs))
+    gamma = (adv, logps - old, mask, None)
+    assert torch.equal(ReSPOTrainer.get_gamma_weights(*gamma), GRPOTrainer.get_gamma_weights(*gamma))
+    stand_in = Mock(spec=GRPOTrainer)  # as TRL's tests/test_grpo_trainer.py builds it
+    stand_in.accelerator = Mock(num_processes=1)
+    stand_in.accelerator.gather = lambda x: x
+    stand_in.accelerator.pad_across_processes = lambda x, dim, pad_index: x
+    entropies = torch.rand(4, 6, generator=gen)
+    assert torch.equal(ReSPOTrainer.get_high_entropy_mask(stand_in, entropies, mask, 0.5),
+                       GRPOTrainer.get_high_entropy_mask(stand_in, entropies, mask, 0.5))  # fmt: skip
+
+
+def test_shadowed_helpers_exist_only_inside_the_loss_call(make_trainer):
+    """The diagnostics capture TRL's masks and log-probs through instance attributes set for one loss call only:
+    afterwards the trainer's attributes are TRL's again, and a user's own instance patch survives the call."""
+    from test_gradients import make_batch, prepare
+
+    trainer = prepare(make_trainer(loss_type="respo", top_entropy_quantile=0.5))
+    inputs = make_batch(trainer.processing_class, seed=1)
+    patched = trainer.get_high_entropy_mask
+    calls = []
+    trainer.get_high_entropy_mask = lambda *a, **k: calls.append(1) or patched(*a, **k)  # a user's own patch
+    trainer._compute_loss(trainer.model, inputs)
+    assert calls == [1] and "get_high_entropy_mask" in vars(trainer)  # the patch was called through, then restored
+    assert not {"get_gamma_weights", "get_off_policy_mask", "_get_per_token_logps_and_entropies"} & set(vars(trainer))
+    assert trainer.loss_type == "respo"
+
+
+def test_positive_branch_diagnostic_is_pooled_over_the_logged_step(make_trainer):
+    """Catches a mean of per-micro-batch ratios: with two micro-batches per logged step, share / mass share / ratio
+    are formed once from the summed counts and masses."""
+    from respo_trl.diagnostics import pooled_low_weight
+
+    trainer = make_trainer(loss_type="dapo")
+    metrics = trainer._metrics["train"]
+    prefix = "starvation/low_weight_pos/"
+    micro = [  # (n, n_low, mass, mass_low): 1 low of 2 with half the mass, then 1 low of 8 with a tenth
+        {"n": 2.0, "n_low": 1.0, "mass": 1.0, "mass_low": 0.5},
+        {"n": 8.0, "n_low": 1.0, "mass": 10.0, "mass_low": 1.0},
+    ]
+    for row in micro:
+        for key in ("n", "n_low", "mass", "mass_low", "respo_mass", "respo_mass_low", "vespo_mass", "vespo_mass_low"):
+            metrics[prefix + key].append(row[key.split("_", 1)[1]] if key.startswith(("respo", "vespo")) else row[key])
+        metrics[prefix + "share"].append(row["n_low"] / row["n"])
+    trainer._pool_low_weight_metrics()
+    assert metrics[prefix + "share"] == [pytest.approx(2 / 10)]  # not (1/2 + 1/8) / 2
+    assert metrics[prefix + "mass_share"] == [pytest.approx(1.5 / 11)]
+    assert metrics[prefix + "mass_ratio"] == [pytest.approx((1.5 / 11) / 0.2)]
+    assert metrics[prefix + "n"] == [10.0]  # the window's total, not a per-micro-batch mean
+    assert pooled_low_weight({"n": 0.0})["share"] != pooled_low_weight({"n": 0.0})["share"]  # NaN without positives
