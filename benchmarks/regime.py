@@ -60,16 +60,19 @@ SETTINGS = {
     "short": {"terms": (3, 5), "nuisance": False, "teacher_error": 0.6, "max_completion_length": 48,
               "args": ["--task_min_terms", "3", "--task_max_terms", "5", "--task_teacher_error_rate", "0.6",
                        "--warmstart_steps", "500", "--max_completion_length", "48"]},
-    "long": {"terms": (16, 20), "nuisance": False, "teacher_error": 0.1, "max_completion_length": 360,
-             "args": [*_CHAINS, "--task_min_terms", "16", "--task_max_terms", "20", "--task_teacher_error_rate", "0.1",
+    # long chains: ~7.4 needed carries per problem, so a teacher forgetting 25% of them is right on ~12% of problems
+    # (a warm start imitates it closely: at 10% the model was right on 43% at temperature 1, not sparse)
+    "long": {"terms": (16, 20), "nuisance": False, "teacher_error": 0.25, "max_completion_length": 360,
+             "args": [*_CHAINS, "--task_min_terms", "16", "--task_max_terms", "20", "--task_teacher_error_rate", "0.25",
                       "--max_completion_length", "360"]},
-    "long-nuisance": {"terms": (16, 20), "nuisance": True, "teacher_error": 0.1, "max_completion_length": 360,
+    "long-nuisance": {"terms": (16, 20), "nuisance": True, "teacher_error": 0.25, "max_completion_length": 360,
                       "args": [*_CHAINS, "--task_min_terms", "16", "--task_max_terms", "20",
-                               "--task_teacher_error_rate", "0.1", "--task_nuisance", "true",
+                               "--task_teacher_error_rate", "0.25", "--task_nuisance", "true",
                                "--max_completion_length", "360"]},
-    "longer-nuisance": {"terms": (24, 28), "nuisance": True, "teacher_error": 0.07, "max_completion_length": 400,
+    # ~11 carries: 17.5% forgotten keeps the teacher at ~12%
+    "longer-nuisance": {"terms": (24, 28), "nuisance": True, "teacher_error": 0.175, "max_completion_length": 400,
                         "args": [*_CHAINS, "--task_min_terms", "24", "--task_max_terms", "28",
-                                 "--task_teacher_error_rate", "0.07", "--task_nuisance", "true",
+                                 "--task_teacher_error_rate", "0.175", "--task_nuisance", "true",
                                  "--max_completion_length", "400"]},
 }  # fmt: skip
 # The regime map: (setting, learning rate). The comparison takes the first of GATE_ORDER that passes.
