@@ -58,8 +58,9 @@ def checkpoint_status(checkpoint_dir: str, num_processes: int) -> str | None:
     missing = [r for r in range(num_processes) if not all(os.path.isfile(p) for p in buffer_files(checkpoint_dir, r))]
     if missing:
         return (
-            f"rollout buffer files of rank(s) {missing} are missing (saved with another number of processes, or the "
-            f"save was interrupted); this run has {num_processes} process(es)"
+            f"rollout buffer files of rank(s) {missing} are missing (saved with another number of processes, the save "
+            f"was interrupted, or on a multi-node run output_dir is not on a filesystem every node shares: each rank "
+            f"writes its own buffer file); this run has {num_processes} process(es)"
         )
     return None
 
@@ -104,6 +105,10 @@ def _select(value: Any, index: torch.Tensor) -> Any:
     return value  # None and 0-dim tensors (e.g. num_items_in_batch) are shared by the whole batch
 
 
+def _has_rows(value: Any) -> bool:
+    return isinstance(value, list) or value.ndim > 0
+
+
 def _to(value: Any, device: torch.device | str | None) -> Any:
     if device is not None and isinstance(value, torch.Tensor):
         return value.to(device)
@@ -134,12 +139,17 @@ class RolloutBuffer:
         self.generation_index = 0  # how many batches were stored (fresh or refreshed)
         self.generated_tokens = 0  # completion tokens sampled so far, summed over processes
         self.refreshes = 0  # batches replaced early because their ESS fell below the floor
-        self._pass_cache: tuple[int, list[Batch]] | None = None
+        # The pass of the trainer's reuse cycle in which the stored batch was stored: 0 for a batch sampled at the
+        # start of a cycle, later for one that replaced a stale batch mid-cycle (the ESS floor). The batch's own pass
+        # over its rollouts is the cycle's pass minus this.
+        self.first_pass = 0
+        self._permutation: tuple[int, torch.Tensor] | None = None
 
     # -- filling and serving ---------------------------------------------------------------------------------------
 
-    def store(self, batch: Batch, version: int) -> None:
-        """Keep ``batch`` (this process's generation slice) sampled by the policy of optimizer step ``version``."""
+    def store(self, batch: Batch, version: int, first_pass: int = 0) -> None:
+        """Keep ``batch`` (this process's generation slice) sampled by the policy of optimizer step ``version``, in
+        pass ``first_pass`` of the trainer's reuse cycle (0 unless it replaces a stale batch mid-cycle)."""
         size = _batch_size(batch)
         batch = {key: _to(value, self.storage_device) for key, value in batch.items()}
         device = next((v.device for v in batch.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
@@ -150,7 +160,8 @@ class RolloutBuffer:
             )
         self.batch = batch
         self.generation_index += 1
-        self._pass_cache = None
+        self.first_pass = first_pass
+        self._permutation = None
 
     @property
     def is_empty(self) -> bool:
@@ -167,13 +178,22 @@ class RolloutBuffer:
         return torch.randperm(size, generator=generator)
 
     def micro_batch(self, pass_index: int, micro_index: int, device: torch.device | str | None = None) -> Batch:
+        """Micro-batch ``micro_index`` of the batch's own pass ``pass_index``. In the identity order (the first pass,
+        or no reshuffling) it is a slice of the stored tensors, a view, not a copy (with Routing Replay at 30B
+        geometry the routes alone are ~1.8 GB per GPU); a reshuffled pass gathers only the rows of this micro-batch."""
         if self.batch is None:
             raise RuntimeError("the rollout buffer is empty: store a generation batch first")
-        if self._pass_cache is None or self._pass_cache[0] != pass_index:
-            order = self.permutation(pass_index)
-            chunks = order.chunk(self.steps_per_generation)
-            self._pass_cache = (pass_index, [{k: _select(v, idx) for k, v in self.batch.items()} for idx in chunks])
-        return {key: _to(value, device) for key, value in self._pass_cache[1][micro_index].items()}
+        size = _batch_size(self.batch)
+        width = size // self.steps_per_generation
+        if pass_index == 0 or not self.reshuffle:
+            rows = slice(micro_index * width, (micro_index + 1) * width)
+            chunk = {k: v[rows] if isinstance(v, (torch.Tensor, list)) and _has_rows(v) else v for k, v in self.batch.items()}
+        else:
+            if self._permutation is None or self._permutation[0] != pass_index:
+                self._permutation = (pass_index, self.permutation(pass_index))
+            index = self._permutation[1][micro_index * width : (micro_index + 1) * width]
+            chunk = {k: _select(v, index) for k, v in self.batch.items()}
+        return {key: _to(value, device) for key, value in chunk.items()}
 
     def staleness(self, micro_batch: Batch, step: int) -> torch.Tensor:
         """Optimizer steps since each rollout of ``micro_batch`` was sampled."""
@@ -212,6 +232,7 @@ class RolloutBuffer:
             "generation_index": self.generation_index,
             "generated_tokens": self.generated_tokens,
             "refreshes": self.refreshes,
+            "first_pass": self.first_pass,
             "tensor_keys": sorted(tensors),
             "values": values,
             "extra": extra or {},
@@ -231,7 +252,8 @@ class RolloutBuffer:
             if not os.path.isfile(path):
                 raise FileNotFoundError(
                     f"rollout buffer file {path} is missing: this checkpoint cannot resume the rollouts it was "
-                    "training on (was it saved by respo_trl with the same number of processes?)"
+                    "training on (was it saved by respo_trl with the same number of processes? On several nodes, "
+                    "output_dir must be on a filesystem every node shares: each rank writes and reads its own file)"
                 )
         try:
             with open(meta_path) as f:
@@ -254,11 +276,12 @@ class RolloutBuffer:
         self.generation_index = meta["generation_index"]
         self.generated_tokens = meta["generated_tokens"]
         self.refreshes = meta["refreshes"]
+        self.first_pass = meta.get("first_pass", 0)  # files before 0.3: batches were only stored at a cycle start
         if meta["has_batch"]:
             target = self.storage_device if self.storage_device is not None else device
             self.batch = {key: _to(value, target) for key, value in tensors.items()}
             self.batch.update(meta["values"])
         else:
             self.batch = None
-        self._pass_cache = None
+        self._permutation = None
         return meta["extra"]

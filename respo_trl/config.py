@@ -91,9 +91,11 @@ class ReSPOConfig(GRPOConfig):
             Draw a new mini-batch composition on every reuse pass. Unset: on for ``loss_type="respo"``, off for TRL's
             losses (TRL replays the same mini-batches, and a baseline must train exactly as TRL trains it).
         respo_min_ess (`float`, *optional*):
-            Refresh floor in (0, 1]: before each reuse pass, the normalised Kish ESS of the raw sequence weights ``W``
-            of the buffered batch under the current policy is measured (one extra no-grad forward); below the floor
-            fresh completions are sampled for the same prompts instead of reusing the stale ones.
+            Refresh floor in (0, 1] on the normalised Kish ESS of the raw sequence weights ``W`` under the current
+            policy, measured where rollouts are stale: before each reuse pass (epochs, the whole batch) and, under the
+            paper's ``N``, before each optimizer step inside a pass (that step's mini-batch); one extra no-grad forward
+            per check. Below the floor fresh completions are sampled for the same prompts and serve the rest of the
+            cycle.
         respo_buffer_device (`str`, defaults to `"auto"`):
             ``"auto"`` keeps buffered rollouts on the training device; ``"cpu"`` parks them in host memory.
 
@@ -187,8 +189,9 @@ class ReSPOConfig(GRPOConfig):
     respo_min_ess: float | None = field(
         default=None,
         metadata={
-            "help": "Optional ESS floor in (0, 1]: a reused batch whose normalised ESS of W under the current policy "
-            "falls below it is refreshed with new completions for the same prompts."
+            "help": "Optional ESS floor in (0, 1]: stale rollouts (before a reuse pass, and under staleness N before "
+            "each optimizer step) whose normalised ESS of W under the current policy falls below it are refreshed "
+            "with new completions for the same prompts."
         },
     )
     respo_buffer_device: str = field(

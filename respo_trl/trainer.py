@@ -36,6 +36,16 @@ from .routing_replay import RoutingReplayMixin
 
 logger = get_logger(__name__)
 
+
+def _concat(values: list):
+    """Rows of several micro-batches as one: tensors along dim 0, lists joined, shared scalars kept."""
+    first = values[0]
+    if isinstance(first, torch.Tensor) and first.ndim > 0:
+        return torch.cat(values)
+    if isinstance(first, list):
+        return [item for value in values for item in value]
+    return first
+
 SUPPORTED_TRL = "1.16"  # the TRL minor version whose internals the hooks below were written against
 # What ReSPO relies on inside GRPOTrainer._compute_loss (TRL 1.16): the vespo branch and its ratio exemption, and the
 # two masks whose outputs the diagnostics read back.
@@ -131,27 +141,45 @@ class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
         if not self.model.training:
             return super()._prepare_inputs(generation_batch)  # evaluation: TRL's path, no buffering
         per_pass = self.args.steps_per_generation
-        pass_index, micro_index = divmod(self._step % (per_pass * self.num_iterations), per_pass)
-        if pass_index == 0 and micro_index == 0:
+        cycle_pass, micro_index = divmod(self._step % (per_pass * self.num_iterations), per_pass)
+        if cycle_pass == 0 and micro_index == 0:
             self._fill_buffer(generation_batch)
         elif self.rollouts.is_empty:  # mid-cycle with nothing stored: resampling here would silently change the run
             raise RuntimeError(
-                f"No buffered rollouts to reuse at micro-step {self._step} (pass {pass_index + 1} of "
+                f"No buffered rollouts to reuse at micro-step {self._step} (pass {cycle_pass + 1} of "
                 f"{self.num_iterations}); resume from a checkpoint that holds its rollout buffer."
             )
-        elif micro_index == 0 and self.args.respo_min_ess is not None and self._below_ess_floor():
-            self._fill_buffer(generation_batch)  # same prompts (the sampler repeats them for every pass)
+        elif self.args.respo_min_ess is not None and self._refresh_due(cycle_pass, micro_index):
+            # same prompts (the sampler repeats them for the whole cycle); the fresh batch serves the rest of it
+            self._fill_buffer(generation_batch, first_pass=cycle_pass)
             self.rollouts.refreshes += 1
+        pass_index = cycle_pass - self.rollouts.first_pass  # the stored batch's own pass over its rollouts
         if self._step % self.current_gradient_accumulation_steps == 0:
             self._step_passes = []
         self._step_passes.append((self.rollouts.generation_index, pass_index))
         inputs = self.rollouts.micro_batch(pass_index, micro_index, device=self.accelerator.device)
         return unsplit_pixel_values_by_grid(inputs)
 
-    def _fill_buffer(self, generation_batch) -> None:
+    def _refresh_due(self, cycle_pass: int, micro_index: int) -> bool:
+        """The ESS floor, where reuse makes rollouts stale: before each reuse pass over the batch (epochs ``R``: the
+        whole buffered batch is measured) and, under the paper's ``N``, before each optimizer step inside a pass
+        (the micro-batches of that step are measured). Below the floor the batch is resampled for the same prompts
+        and the fresh batch serves the rest of the cycle (under ``N``, mini-batches ``k..N-1`` of it: a refresh at
+        mini-batch ``k`` costs a whole rollout batch, ``reuse/generated_tokens`` counts it)."""
+        accumulation = self.args.gradient_accumulation_steps
+        if micro_index == 0:
+            return self._below_ess_floor()
+        if micro_index % accumulation:
+            return False  # inside one optimizer step: its micro-batches stand or fall together
+        pass_index = cycle_pass - self.rollouts.first_pass
+        rows = [self.rollouts.micro_batch(pass_index, micro_index + i) for i in range(accumulation)]
+        batch = {key: _concat([row[key] for row in rows]) for key in rows[0]}
+        return self._below_ess_floor(batch)
+
+    def _fill_buffer(self, generation_batch, first_pass: int = 0) -> None:
         batch = self._generate_and_score_completions(generation_batch)
         batch = shuffle_sequence_dict(split_pixel_values_by_grid(batch))  # first-pass composition, as TRL does
-        self.rollouts.store(batch, version=self.state.global_step)
+        self.rollouts.store(batch, version=self.state.global_step, first_pass=first_pass)
 
     def _generate(self, prompts):
         output = super()._generate(prompts)
@@ -166,10 +194,10 @@ class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
         return output
 
     @torch.no_grad()
-    def _below_ess_floor(self) -> bool:
-        """Normalised Kish ESS of the raw sequence weights ``W`` (sampler correction included) of the whole buffered
-        batch under the current policy, over all processes, against ``respo_min_ess``."""
-        batch = unsplit_pixel_values_by_grid(dict(self.rollouts.batch))
+    def _below_ess_floor(self, batch=None) -> bool:
+        """Normalised Kish ESS of the raw sequence weights ``W`` (sampler correction included) of ``batch`` (default:
+        the whole buffered batch) under the current policy, over all processes, against ``respo_min_ess``."""
+        batch = unsplit_pixel_values_by_grid(dict(self.rollouts.batch if batch is None else batch))
         batch = {k: v.to(self.accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
         old = batch.get("old_per_token_logps")
         if old is None:

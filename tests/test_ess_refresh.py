@@ -46,3 +46,28 @@ def test_ess_floor_uses_raw_weights_with_the_sampler_correction(tokenizer, toy_d
     assert abs(with_sampler - without) > 1e-3  # the sampler ratio matters here, so dropping it would be caught
     assert below == (with_sampler < 0.999) and below  # drifted after one step at lr 1e-2: refreshed
     assert trainer.rollouts.refreshes == 1
+
+
+def test_ess_floor_works_under_the_papers_n(make_trainer):
+    """With each sample used once (respo_updates_per_rollout > 1, one epoch) the floor was a no-op in 0.2 (it only
+    fired between epochs). Now a stale mini-batch below the floor is resampled: the run generates more than one
+    rollout batch, the fresh batch serves the rest of the cycle with staleness 0, and reuse/pass reads 1."""
+    trainer = make_trainer(respo_updates_per_rollout=4, max_steps=4, respo_min_ess=0.999, learning_rate=5e-2)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert trainer.rollouts.refreshes >= 1
+    assert all(h["reuse/pass"] == 1 for h in logs)
+    staleness = [h["reuse/staleness_mean"] for h in logs]
+    assert staleness[0] == 0 and any(s == 0 for s in staleness[1:])  # a refreshed mini-batch is fresh again
+    assert staleness != [0, 1, 2, 3]
+    per_batch = logs[0]["reuse/generated_tokens"]  # the first rollout batch (4 mini-batches)
+    assert logs[-1]["reuse/generated_tokens"] > per_batch  # each refresh samples a whole rollout batch
+    assert "reuse/ess_before_pass" in logs[1]  # measured before every stale optimizer step
+
+
+def test_ess_floor_under_n_with_a_low_floor_changes_nothing(make_trainer):
+    trainer = make_trainer(respo_updates_per_rollout=4, max_steps=4, respo_min_ess=1e-6)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert trainer.rollouts.refreshes == 0
+    assert [h["reuse/staleness_mean"] for h in logs] == [0, 1, 2, 3]

@@ -42,6 +42,21 @@ def test_each_pass_serves_every_rollout_once_with_a_new_composition():
     assert [served_rows(twin, p) for p in range(4)] == passes
 
 
+def test_first_pass_serves_views_of_the_stored_batch_not_a_second_copy():
+    """Catches a pass-0 cache that copies the whole generation batch (with Routing Replay at 30B geometry the routes
+    alone are ~1.8 GB per copy per GPU); reshuffled passes gather only the served micro-batch."""
+    buffer = RolloutBuffer(reuse=2, steps_per_generation=4, reshuffle=True, seed=0)
+    buffer.store(toy_batch(), version=0)
+    stored = buffer.batch["prompt_ids"].untyped_storage().data_ptr()
+    for k in range(4):
+        micro = buffer.micro_batch(0, k)
+        assert micro["prompt_ids"].untyped_storage().data_ptr() == stored  # a slice: shares the storage
+        assert micro["tags"] == [f"row{i}" for i in range(2 * k, 2 * k + 2)]
+    reshuffled = buffer.micro_batch(1, 0)
+    assert reshuffled["prompt_ids"].untyped_storage().data_ptr() != stored
+    assert reshuffled["prompt_ids"].shape == (2, 3)  # only this micro-batch's rows
+
+
 def test_without_reshuffle_every_pass_repeats_trl_order():
     buffer = RolloutBuffer(reuse=3, steps_per_generation=4, reshuffle=False)
     buffer.store(toy_batch(), version=0)
@@ -222,6 +237,8 @@ def test_buffer_saved_by_another_number_of_processes_is_refused(tmp_path):
     with pytest.raises(ValueError, match="num_processes=4 but this run has num_processes=2"):
         RolloutBuffer(reuse=2, steps_per_generation=2, num_processes=2).load(str(tmp_path), rank=0)
     assert not [name for name in os.listdir(tmp_path) if ".tmp" in name]  # written atomically, nothing left over
+    with pytest.raises(FileNotFoundError, match="filesystem every node shares"):  # rank 1's file is on another node
+        RolloutBuffer(reuse=2, steps_per_generation=2, num_processes=4).load(str(tmp_path), rank=1)
 
 
 def test_interrupted_save_is_skipped_on_resume_and_refused_by_path(make_trainer, tmp_path, caplog):

@@ -228,19 +228,27 @@ def test_activation_checkpointing_recomputes_with_the_replayed_routes(recorded, 
 
 
 def test_training_with_routing_replay_logs_drift_and_keeps_routes_with_the_rows(make_trainer):
-    # respo_min_ess=1.0: the ESS check before the reuse pass (a replayed forward over the whole buffered batch) runs
-    # and, the weights having moved, refreshes the batch (a second recorded generation).
-    trainer = make_trainer(
+    # respo_min_ess=1.0: every ESS check (a replayed forward: before the second mini-batch of each pass, which is one
+    # update stale, and before the reuse pass) runs and, the weights having moved, refreshes the batch: three more
+    # recorded generations, whose routes must follow their rows as the first batch's do.
+    refreshed = make_trainer(
         moe=True, respo_routing_replay=True, respo_reuse=2, steps_per_generation=2, max_steps=4, respo_min_ess=1.0
     )
+    refreshed.train()
+    assert refreshed.rollouts.refreshes == 3
+    assert all(h["routing/drift"] == 0.0 for h in refreshed.state.log_history if "routing/drift" in h)  # all fresh
+    trainer = make_trainer(moe=True, respo_routing_replay=True, respo_reuse=2, steps_per_generation=2, max_steps=4)
     trainer.train()
     logs = [h for h in trainer.state.log_history if "routing/drift" in h]
     assert len(logs) == 4
-    assert trainer.rollouts.refreshes == 1
     # Step 1 trains on rollouts of the current weights: the recorded routing is the free routing (end-to-end check
     # that generation records and the loss forward replays the same token positions). Later steps have drifted.
     assert logs[0]["routing/drift"] == 0.0
     assert max(h["routing/drift"] for h in logs[1:]) > 0.0
+    for batch in (refreshed.rollouts.batch, trainer.rollouts.batch):  # a refreshed batch keeps its routes too
+        routes = batch[ROUTES_KEY]
+        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1).bool()
+        assert not (routes[..., 0, 0] >= 0)[~mask].any() and (routes[..., 0, 0] >= 0).sum() > 0.8 * mask.sum()
     batch = trainer.rollouts.batch
     routes = batch[ROUTES_KEY]
     width = batch["prompt_ids"].shape[1] + batch["completion_ids"].shape[1]
