@@ -147,7 +147,10 @@ def respo_kernel(
     ``log_w`` is the sequence log-weight ``log W_i`` (clamped to [-20, 20] here too) and ``advantages`` must have the
     same shape (one advantage per entry: for per-token advantages expand ``log_w`` to (B, T) first). ``phi`` is finite
     for every input: ``log W = +-inf`` gives the tail limits, NaN gives 0. The defaults are the paper's constants:
-    ``phi+(W) = (1 + W)/2 exp(1 - W)`` and ``phi-(W) = sqrt(W) exp(2 (1 - sqrt(W)))``. Computed in float64.
+    ``phi+(W) = (1 + W)/2 exp(1 - W)`` and ``phi-(W) = sqrt(W) exp(2 (1 - sqrt(W)))``.
+
+    Computed in the input's precision, at least float32 (float64 inputs stay float64): ``log W`` is clamped to +-20,
+    so float32 is accurate to ~1e-6 relative, and MPS and some accelerators have no float64.
     """
     c = validate_respo_constants(
         alpha_pos=alpha_pos, beta_pos=beta_pos, lam_pos=lam_pos, alpha_neg=alpha_neg, beta_neg=beta_neg, lam_neg=lam_neg
@@ -159,7 +162,7 @@ def respo_kernel(
         )
     with torch.no_grad():
         out_dtype = torch.promote_types(log_w.dtype, torch.float32)
-        s = log_w.detach().double().clamp(-LOG_W_CLAMP, LOG_W_CLAMP)
+        s = log_w.detach().to(out_dtype).clamp(-LOG_W_CLAMP, LOG_W_CLAMP)
         phi_pos = branch_phi(s, c["alpha_pos"], c["beta_pos"], c["lam_pos"])
         phi_neg = branch_phi(s, c["alpha_neg"], c["beta_neg"], c["lam_neg"])
         phi = torch.where(advantages.detach().to(s.device) >= 0, phi_pos, phi_neg)

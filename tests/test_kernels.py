@@ -413,3 +413,22 @@ def test_a_sequence_the_sampler_mask_dropped_is_not_counted_as_on_policy():
     assert metrics["offpolicy/log_weight/max"] == pytest.approx(0.1) and metrics["offpolicy/log_weight/min"] == pytest.approx(-1.7)
     assert metrics["respo/phi_mean/pos"] == pytest.approx(K.respo_kernel(torch.tensor([-1.7]), torch.tensor([1.0])).item())
     assert metrics["starvation/grad_throughput/pos"] < 0.8  # the dropped positive still counts: it gets no gradient
+
+
+def test_kernel_runs_in_float32_for_float32_input_and_stays_accurate():
+    """MPS and some accelerators have no float64: a float32 log W is computed in float32 (0.2 always cast to float64),
+    within float32 accuracy of the float64 result over the whole clamped range, both branches."""
+    log_w = torch.linspace(-20, 20, 4001)
+    for adv in (torch.ones(4001), -torch.ones(4001)):
+        phi32 = K.respo_kernel(log_w, adv)
+        phi64 = K.respo_kernel(log_w.double(), adv.double())
+        assert phi32.dtype == torch.float32 and phi64.dtype == torch.float64
+        big = phi64 > 1e-30
+        torch.testing.assert_close(phi32[big].double(), phi64[big], rtol=2e-5, atol=0)
+        assert (phi32[~big] < 1e-30).all()
+    real_double = torch.Tensor.double
+    try:  # no float64 tensor is made on the way
+        torch.Tensor.double = lambda self: (_ for _ in ()).throw(AssertionError("cast to float64"))
+        K.respo_kernel(log_w, torch.ones(4001))
+    finally:
+        torch.Tensor.double = real_double
