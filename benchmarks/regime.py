@@ -56,7 +56,7 @@ from benchmarks.reuse_lm import LOSS_ARGS, _init_worker, load_recipe, pos_length
 
 _CHAINS = ["--task_operators", "+", "--task_max_operand", "9", "--warmstart_batch_size", "32", "--warmstart_steps", "1000"]
 SETTINGS = {
-    # the demo's task as it is (tiny_cpu): 3-5 terms, no nuisance, teacher forgets 60% of carries
+    # the demo's task as it is (tiny-cpu): 3-5 terms, no nuisance, teacher forgets 60% of carries
     "short": {"terms": (3, 5), "nuisance": False, "teacher_error": 0.6, "max_completion_length": 48,
               "args": ["--task_min_terms", "3", "--task_max_terms", "5", "--task_teacher_error_rate", "0.6",
                        "--warmstart_steps", "500", "--max_completion_length", "48"]},

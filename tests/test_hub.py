@@ -184,3 +184,32 @@ def test_local_errors_are_not_reported_as_hub_errors(make_trainer, monkeypatch):
     with pytest.raises(OSError, match="No space left") as error:
         trainer.push_to_hub()
     assert not isinstance(error.value, HubPushError)
+
+
+def test_push_uploads_exactly_one_model(make_trainer, tmp_path, monkeypatch):
+    """The recipe keeps its best in-training weights beside the final ones (keep_best_heldout): a push of output_dir
+    must upload the final model only (0.2 kept them in best-heldout/, which the upload would have included)."""
+    import transformers.trainer
+    from huggingface_hub.utils import filter_repo_objects
+
+    from respo_trl.recipe import BEST_HELDOUT_DIR
+
+    trainer = make_trainer(max_steps=1, push_to_hub=False)
+    trainer.train()
+    out = Path(trainer.args.output_dir)
+    trainer.save_model(str(out / BEST_HELDOUT_DIR))  # as the recipe saves the best checkpoint
+    calls = []
+
+    class FakeApi:
+        def upload_folder(self, **kwargs):
+            calls.append(kwargs)
+
+    monkeypatch.setattr(transformers.trainer, "hf_api", lambda: FakeApi())
+    trainer.hub_model_id = "me/tiny-respo"
+    trainer.push_to_hub()
+    (call,) = calls
+    files = [str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()]
+    uploaded = list(filter_repo_objects(files, ignore_patterns=call["ignore_patterns"]))
+    assert sum(name.endswith("model.safetensors") for name in uploaded) == 1 and "model.safetensors" in uploaded
+    assert not [name for name in uploaded if name.startswith(BEST_HELDOUT_DIR)]
+    assert any(name.startswith(BEST_HELDOUT_DIR) for name in files)  # it is there, just not pushed

@@ -192,7 +192,13 @@ def test_cli_rebuilds_the_card_from_an_output_dir(trained, tmp_path):
 
 def test_card_of_a_recipe_run_shows_heldout_accuracy_and_links_no_local_base_model(trained, tmp_path):
     _trainer, output_dir, _ = trained
-    report = {"heldout": {"mode": "greedy", "n": 500, "before": 0.184, "after": 0.972}}
+    report = {
+        "heldout": {"dataset": "builtin:arithmetic (test split)", "mode": "greedy", "n": 500, "before": 0.184,
+                    "after": 0.972, "best": {"step": 250, "accuracy": 0.98, "is_final": False}},
+        "task": "builtin:arithmetic", "model": {"name": "tiny-qwen3-dense"},
+        "example_prompt": [{"role": "user", "content": "4+8+3"}],
+        "args": {"script": {"task_min_terms": 3, "task_max_terms": 5, "task_max_operand": 9, "task_operators": "+"}},
+    }  # fmt: skip
     (output_dir / "report.json").write_text(json.dumps(report))
     out = tmp_path / "card.md"
     try:
@@ -201,7 +207,19 @@ def test_card_of_a_recipe_run_shows_heldout_accuracy_and_links_no_local_base_mod
         (output_dir / "report.json").unlink()
     card = out.read_text()
     assert ModelCard(card).data.base_model is None and "huggingface.co/tiny-qwen3-dense" not in card
-    assert "| held-out accuracy before -> after RL (greedy, n=500, recipe report.json) | 18.4% -> 97.2% |" in card
+    evaluation = section(card, "Evaluation")
+    assert "18.4% before RL, **97.2%** after RL (these weights)" in evaluation and "No evaluation" not in evaluation
+    assert "best in-training checkpoint (step 250, not these weights) reached 98.0%" in evaluation
+    # publishable: it loads what exists, shows a prompt the model was trained on, says what data and which license
+    use = section(card, "Use it")
+    assert f'from_pretrained("{output_dir}"' in use and "local output directory" in use
+    assert 'messages = [{"role": "user", "content": "4+8+3"}]' in use and "boxed" not in use
+    assert "huggingface.co/datasets/openai/gsm8k" in section(card, "Training data")  # the name the card was given
+    from respo_trl.hub.card import data_description
+
+    assert "3-5 operands from 0 to 9 joined by '+'" in data_description("builtin:arithmetic", report)
+    assert ModelCard(card).data.license == "apache-2.0" and "License: apache-2.0" in card
+    assert "| None |" not in card
 
 
 def test_baseline_card_names_the_trl_loss(make_trainer, tmp_path):

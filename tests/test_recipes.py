@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from respo_trl.recipe import RecipeError
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "qwen3_respo.py"
 ACCELERATE_CONFIGS = ROOT / "recipes" / "accelerate"
@@ -43,7 +45,7 @@ def run_recipe(recipe, tmp_path, *extra, name="run"):
 
 
 def test_every_preset_is_listed(recipe):
-    assert set(recipe.available_presets()) == {"tiny_cpu", *QWEN3_PRESETS, *PAPER_PRESETS}
+    assert set(recipe.available_presets()) == {"tiny-cpu", *QWEN3_PRESETS, *PAPER_PRESETS}
 
 
 @pytest.mark.parametrize("preset", QWEN3_PRESETS)
@@ -87,19 +89,19 @@ def test_presets_fix_steps_per_generation_so_the_batch_scales_with_gpus():
 
 def test_no_arguments_is_the_tiny_cpu_preset_and_overrides_apply(recipe):
     script, training, model = recipe.parse_args([])
-    assert script.preset == "tiny_cpu" and script.tiny_model == "dense" and model.model_name_or_path is None
+    assert script.preset == "tiny-cpu" and script.tiny_model == "dense" and model.model_name_or_path is None
     assert training.use_cpu and not training.bf16 and not training.activation_checkpointing
     assert training.respo_reuse == 4 and training.loss_type == "respo" and script.eval_mode == "greedy"
     assert script.dataset_name == "builtin:arithmetic" and script.warmstart_steps > 0
     script, training, _ = recipe.parse_args(["--seed", "3", "--respo_reuse", "2", "--output_dir", "elsewhere"])
     assert (training.seed, training.respo_reuse, training.output_dir) == (3, 2, "elsewhere")
-    assert script.preset == "tiny_cpu"
+    assert script.preset == "tiny-cpu"
 
 
 def test_bad_preset_config_and_argument_names_fail_with_the_choices(recipe, tmp_path):
-    with pytest.raises(SystemExit, match="unknown preset 'qwen3-7b'.*qwen3-8b-epochs4"):
+    with pytest.raises(RecipeError, match="unknown preset 'qwen3-7b'.*qwen3-8b-epochs4"):
         recipe.parse_args(["--preset", "qwen3-7b"])
-    with pytest.raises(SystemExit, match="is not a file"):
+    with pytest.raises(RecipeError, match="is not a file"):
         recipe.parse_args(["--config", str(tmp_path / "missing.yaml")])
     typo = tmp_path / "typo.yaml"
     typo.write_text("tiny_model: dense\nuse_cpu: true\nrespo_reuze: 4\n")
@@ -129,7 +131,7 @@ def test_batch_arithmetic_is_checked_for_the_gpu_count_a_preset_names(recipe):
 
 
 def test_old_preset_names_point_to_the_renamed_presets_and_the_papers(recipe):
-    with pytest.raises(SystemExit, match="'qwen3-4b' was renamed 'qwen3-4b-epochs4'.*paper-qwen3-1.7b-base"):
+    with pytest.raises(RecipeError, match="'qwen3-4b' was renamed 'qwen3-4b-epochs4'.*paper-qwen3-1.7b-base"):
         recipe.parse_args(["--preset", "qwen3-4b"])
 
 
@@ -446,8 +448,9 @@ def test_unknown_model_fails_on_its_config_before_any_weights(recipe, tmp_path, 
     args = recipe.parse_args(
         ["--model_name_or_path", "Qwen/Qwen3-0.7B", "--use_cpu", "true", "--output_dir", str(tmp_path / "o")]
     )
-    with pytest.raises(ValueError, match="cannot resolve model 'Qwen/Qwen3-0.7B'.*qwen3-0.6b-epochs4"):
+    with pytest.raises(RecipeError, match="cannot resolve model 'Qwen/Qwen3-0.7B'.*Qwen/Qwen3-0.6B") as error:
         recipe.main(*args)
+    assert "\n" not in str(error.value)  # one line, not the Hub client's traceback text
 
 
 def test_dataset_without_the_answer_column_fails_with_the_columns(recipe, tmp_path, tiny_model_dir):
@@ -457,8 +460,14 @@ def test_dataset_without_the_answer_column_fails_with_the_columns(recipe, tmp_pa
         ["--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), "--prompt_column", "problem",
          "--eval_mode", "none", "--use_cpu", "true", "--output_dir", str(tmp_path / "o")]
     )  # fmt: skip
-    with pytest.raises(ValueError, match=r"no column 'solution' \(columns: \['problem', 'final'\]\).*--answer_column"):
+    with pytest.raises(RecipeError, match=r"no column 'solution' \(set --answer_column\); its columns: \['problem', 'final'\]"):
         recipe.main(*args)
+    args = recipe.parse_args(
+        ["--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), "--eval_mode", "none", "--use_cpu",
+         "true", "--output_dir", str(tmp_path / "o")]
+    )  # fmt: skip
+    with pytest.raises(RecipeError, match=r"no column 'prompt' \(set --prompt_column\) and no column 'solution'"):
+        recipe.main(*args)  # both missing columns in one message
 
 
 def test_a_raising_reward_fails_before_the_warm_start(recipe, tmp_path, monkeypatch):
@@ -501,7 +510,7 @@ def test_tiny_default_runs_end_to_end_and_resumes_with_its_rollout_buffer(recipe
     best = report["heldout"]["best"]  # the best in-training point, measured on the whole held-out set too
     assert best["step"] in (2, 4)
     if not best["is_final"]:
-        assert best["accuracy"] is not None and best["n"] == 16 and (out / "best-heldout" / "model.safetensors").is_file()
+        assert best["accuracy"] is not None and best["n"] == 16 and (out / "checkpoint-best-heldout" / "model.safetensors").is_file()
     assert str(out / "training_curves.png") in report["plots"]
     for step in (2, 4):
         assert (out / f"checkpoint-{step}" / "rollout_buffer-rank0.safetensors").is_file()
@@ -515,7 +524,10 @@ def test_tiny_default_runs_end_to_end_and_resumes_with_its_rollout_buffer(recipe
         recipe, tmp_path, "--max_steps", "4", "--save_strategy", "no",
         "--resume_from_checkpoint", str(out / "checkpoint-2"),
     )  # fmt: skip
-    assert resumed["resumed_from"].endswith("checkpoint-2") and resumed["heldout"]["before"] is None
+    assert resumed["resumed_from"].endswith("checkpoint-2")
+    # the first run's starting accuracy and its curve up to the checkpoint survive the resume (heldout_curve.json)
+    assert resumed["heldout"]["before"] == report["heldout"]["before"]
+    assert [p["step"] for p in resumed["curve"]] == [0, 2, 4]
     assert resumed["warm_start"]["steps"] == 0 and resumed["training"]["global_step"] == 4
     assert resumed["training"]["generated_tokens"] == report["training"]["generated_tokens"]
     # `--resume_from_checkpoint true` picks the latest checkpoint (step 4) and continues to a new max_steps: step 5

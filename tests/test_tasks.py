@@ -98,7 +98,7 @@ def test_tiny_tokenizer_keeps_boxed_as_one_token_and_completions_fit_the_preset(
     ids = tokenizer("\\boxed{12}", add_special_tokens=False)["input_ids"]
     assert len(ids) == 4 and tokenizer.decode(ids) == "\\boxed{12}"
     longest = max(len(tokenizer(c, add_special_tokens=False)["input_ids"]) + 1 for c in rows["completion"])
-    assert longest <= 48  # tiny_cpu.yaml's max_completion_length (completion + EOS)
+    assert longest <= 48  # tiny-cpu.yaml's max_completion_length (completion + EOS)
 
 
 def test_supervised_warm_start_learns_and_is_seeded(tokenizer):
@@ -184,7 +184,7 @@ def test_heldout_split_exports_as_an_eval_math_file_matching_the_recipe(tmp_path
     import yaml
     from conftest import ROOT
 
-    cfg = yaml.safe_load((ROOT / "recipes" / "configs" / "tiny_cpu.yaml").read_text())  # the CLI's defaults follow it
+    cfg = yaml.safe_load((ROOT / "recipes" / "configs" / "tiny-cpu.yaml").read_text())  # the CLI's defaults follow it
     preset = ArithmeticTask(
         min_terms=cfg["task_min_terms"], max_terms=cfg["task_max_terms"], max_operand=cfg["task_max_operand"],
         operators=cfg["task_operators"], teacher_error_rate=cfg["task_teacher_error_rate"],

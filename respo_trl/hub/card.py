@@ -50,6 +50,14 @@ RESPO_CITATION = textwrap.dedent("""\
         eprint       = {arXiv:2609.35433},
     }""")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# Licenses of base models we know (Hub id prefix -> SPDX id); a checkpoint of another base model says "the base model's"
+KNOWN_LICENSES = {"Qwen/Qwen3-": "apache-2.0", "Qwen/Qwen2.5-": "apache-2.0"}
+OWN_LICENSE = "apache-2.0"  # respo_trl's: the license of a model built and trained from scratch with it
+# The "Use it" prompt when nothing says how the model was prompted in training (a user's own script)
+GENERIC_EXAMPLE = [
+    {"role": "system", "content": "Please reason step by step, and put your final answer within \\boxed{}."},
+    {"role": "user", "content": "What is 17 * 23?"},
+]
 # Config fields a reader needs to reproduce or compare the run: (field, shown only when this loss is used).
 HYPERPARAMETERS = (
     ("loss_type", None),
@@ -200,20 +208,56 @@ def training_summary(log_history: list[dict]) -> list[tuple[str, str]]:
     return summary
 
 
-def recipe_summary(output_dir: Path) -> list[tuple[str, str]]:
-    """Held-out accuracy before and after RL from the recipe's ``report.json``, when the run came from the recipe."""
+def recipe_report(output_dir: Path) -> dict:
+    """The recipe's ``report.json`` in ``output_dir`` (empty when the run did not come from the recipe)."""
     path = output_dir / "report.json"
-    if not path.is_file():
-        return []
-    heldout = json.loads(path.read_text()).get("heldout") or {}
-    if heldout.get("before") is None or heldout.get("after") is None:
-        return []
-    return [
-        (
-            f"held-out accuracy before -> after RL ({heldout.get('mode')}, n={heldout.get('n')}, recipe report.json)",
-            f"{100 * heldout['before']:.1f}% -> {100 * heldout['after']:.1f}%",
-        )
-    ]
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def recipe_evaluation(report: dict) -> str | None:
+    """The recipe's own held-out measurement as a sentence (when there is no ``eval_math.json`` table)."""
+    heldout = report.get("heldout") or {}
+    if heldout.get("after") is None:
+        return None
+    mode = {"greedy": "greedy decoding", "sampled": "mean of sampled answers"}.get(heldout.get("mode"), heldout.get("mode"))
+    text = (f"Held-out accuracy measured by the training run ({heldout.get('dataset')}, {heldout.get('n')} problems, "
+            f"{mode}, graded with math-verify as the reward): ")  # fmt: skip
+    if heldout.get("before") is not None:
+        text += f"{100 * heldout['before']:.1f}% before RL, "
+    text += f"**{100 * heldout['after']:.1f}%** after RL (these weights)"
+    best = heldout.get("best") or {}
+    if best.get("accuracy") is not None and not best.get("is_final"):
+        text += f"; the best in-training checkpoint (step {best['step']}, not these weights) reached {100 * best['accuracy']:.1f}%"
+    return text + "."
+
+
+def data_description(dataset_name: str | None, report: dict) -> str:
+    """What the model was trained on, in a sentence: a Hub link, or what the built-in task generates."""
+    script = (report.get("args") or {}).get("script") or {}
+    name = dataset_name or report.get("task")
+    if not name:
+        return "Not recorded (pass `dataset_name` to `trainer.create_model_card` or `push_to_hub`)."
+    if HUB_ID.match(name) and not Path(name).exists():
+        return f"[{name}](https://huggingface.co/datasets/{name})."
+    if str(name).startswith("builtin:") or "built-in" in str(name):
+        if script.get("task_min_terms") is not None:
+            extra = (f": {script['task_min_terms']}-{script['task_max_terms']} operands from 0 to "
+                     f"{script['task_max_operand']} joined by {' or '.join(repr(o) for o in script['task_operators'])}"
+                     f", answer in `\\boxed{{}}`; held-out problems are a disjoint split (by hash) of the same generator")  # fmt: skip
+        else:
+            extra = ""
+        return f"The built-in arithmetic task, generated locally by `respo_trl.demo.tasks`{extra}."
+    return f"{name}."
+
+
+def license_of(base_model: str | None) -> tuple[str | None, str]:
+    """(SPDX id for the metadata or None, the card's license line)."""
+    if base_model is None:
+        return OWN_LICENSE, f"{OWN_LICENSE} (built and trained from scratch with respo_trl, which is {OWN_LICENSE})."
+    known = next((lic for prefix, lic in KNOWN_LICENSES.items() if base_model.startswith(prefix)), None)
+    if known:
+        return known, f"{known}, as the base model [{base_model}](https://huggingface.co/{base_model})."
+    return None, f"that of the base model [{base_model}](https://huggingface.co/{base_model}); check it before publishing."
 
 
 def library_versions() -> list[tuple[str, str]]:
@@ -267,6 +311,8 @@ def hyperparameters(args: dict) -> list[tuple[str, str]]:
             continue
         if name == "num_train_epochs" and args.get("max_steps", -1) > 0:
             continue
+        if args[name] is None:
+            continue  # unset: TRL's own default applies, which the rows of the settings it derives show
         rows.append((name, str(args[name])))
     world = args.get("world_size")
     if world:
@@ -309,8 +355,13 @@ def render_card(
     dataset_name: str | None = None,
     hub_model_id: str | None = None,
     tags=(),
+    example_prompt: list[dict] | None = None,
+    built_here: bool = False,
 ) -> ModelCard:
-    """Render the card for the checkpoint in ``output_dir`` (writes the curve plot there; the card is returned)."""
+    """Render the card for the checkpoint in ``output_dir`` (writes the curve plot there; the card is returned).
+
+    ``example_prompt``: a prompt in the format the model was trained on (chat messages) for the "Use it" snippet;
+    ``built_here``: the model was built and trained from scratch (no base model, respo_trl's license)."""
     from ..grading import generation_summary, results_table
 
     output_dir = Path(output_dir)
@@ -321,8 +372,12 @@ def render_card(
     if base_model and not HUB_ID.match(base_model):
         base_model = None  # a model built locally (e.g. the tiny demo) has no Hub page to link to
     dataset_is_hub = bool(dataset_name and HUB_ID.match(dataset_name))
+    run = recipe_report(output_dir)
+    license_id, license_line = license_of(base_model) if (base_model or built_here) else (None, "that of the base model.")
+    example = example_prompt or run.get("example_prompt")
     card_data = ModelCardData(
         base_model=base_model,
+        license=license_id,
         datasets=[dataset_name] if dataset_is_hub else None,
         library_name="transformers",
         model_name=model_name,
@@ -338,15 +393,27 @@ def render_card(
             eval_command=report.get("command", ""),
             eval_date=report.get("date", "an unrecorded date"),
         )
+    recipe_eval = recipe_evaluation(run)
     missing = eval_problem or (
-        "No evaluation has been recorded for these weights yet. Run `python recipes/eval_math.py --model "
-        f"{output_dir}` and regenerate this card with `python -m respo_trl.hub.card {output_dir}`."
-    )
+        ("For benchmark scores" if recipe_eval else "No evaluation has been recorded for these weights yet. For "
+         "benchmark scores") + f" (mean accuracy over samples, pass@k, majority vote), run `python recipes/eval_math.py "
+        f"--model {output_dir}` and "
+        f"regenerate this card with `python -m respo_trl.hub.card {output_dir}`."
+    )  # fmt: skip
+    repo_id = hub_model_id or str(output_dir)
     return ModelCard.from_template(
         card_data,
         template_path=str(files("respo_trl").joinpath(TEMPLATE)),
         model_name=model_name,
-        repo_id=hub_model_id or model_name,
+        repo_id=repo_id,
+        repo_is_local=not hub_model_id,
+        example_messages=json.dumps(example or GENERIC_EXAMPLE, ensure_ascii=False),
+        example_from_training=bool(example),
+        max_new_tokens=args.get("max_completion_length") or 1024,
+        temperature=args.get("temperature") or 1.0,
+        data_description=data_description(dataset_name, run),
+        license_line=license_line,
+        recipe_eval=recipe_eval,
         base_model=base_model,
         dataset_name=dataset_name,
         dataset_is_hub=dataset_is_hub,
@@ -363,7 +430,7 @@ def render_card(
         reuse=args.get("respo_reuse", args.get("num_iterations", 1)),
         updates_per_rollout=updates_per_rollout(args),
         hyperparameters=hyperparameters(args),
-        training_summary=recipe_summary(output_dir) + training_summary(log_history),
+        training_summary=training_summary(log_history),
         curve_image=CURVES_FILE if curve else None,
         versions=library_versions(),
         respo_version=dict(library_versions())["respo_trl"],
@@ -371,6 +438,26 @@ def render_card(
         eval_missing=missing,
         **eval_fields,
     )
+
+
+def training_example(dataset) -> list[dict] | None:
+    """The first training prompt, when it is a conversation: the format the "Use it" snippet should show."""
+    try:
+        prompt = dataset[0]["prompt"] if dataset is not None and len(dataset) else None
+    except (KeyError, TypeError, IndexError):
+        return None
+    if isinstance(prompt, list) and all(isinstance(m, dict) and "content" in m for m in prompt):
+        return [{"role": m.get("role", "user"), "content": m["content"]} for m in prompt]
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    return None
+
+
+def built_here(model) -> bool:
+    """Whether the model was built in memory (the demo's tiny models): no Hub id and no directory it came from."""
+    config = getattr(model, "config", None)
+    name = getattr(config, "_name_or_path", "") if config is not None else ""
+    return bool(name) and not os.path.isdir(name) and not HUB_ID.match(name)
 
 
 def base_model_of(model) -> str | None:
@@ -403,6 +490,8 @@ def write_trainer_card(trainer, model_name=None, dataset_name=None, tags=None) -
         dataset_name=dataset_name,
         hub_model_id=trainer.hub_model_id or args.hub_model_id,
         tags=[*trainer._tag_names, *tags],
+        example_prompt=training_example(trainer.train_dataset),
+        built_here=built_here(trainer.model),
     )
     path = os.path.join(args.output_dir, "README.md")
     card.save(path)
@@ -431,6 +520,7 @@ def card_from_output_dir(
     log_history = json.loads(state.read_text())["log_history"] if state else []
     old = ModelCard.load(output_dir / "README.md").data if (output_dir / "README.md").is_file() else ModelCardData()
     old_datasets = old.datasets if isinstance(old.datasets, list) else [old.datasets] if old.datasets else []
+    trained = (recipe_report(output_dir).get("model") or {}).get("name") or ""
     return render_card(
         output_dir=output_dir,
         model_name=model_name or old.model_name or output_dir.absolute().name,
@@ -441,6 +531,7 @@ def card_from_output_dir(
         dataset_name=dataset_name or (old_datasets[0] if old_datasets else None),
         hub_model_id=hub_model_id or args.hub_model_id,
         tags=[t for t in (old.tags or []) if t != "generated_from_trainer"] or list(TRAINER_TAGS),
+        built_here=bool(trained) and not os.path.isdir(trained) and not HUB_ID.match(trained),
     )
 
 

@@ -1,0 +1,194 @@
+"""Held-out accuracy during and after a recipe run, the compact progress bar, and the run's summary table."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+# Where keep_best_heldout saves the best in-training weights: a `checkpoint-*` name, so that transformers' push of
+# output_dir leaves it out (its ignore patterns) and the Hub gets exactly one model; not `checkpoint-<digits>`, so
+# neither transformers' checkpoint rotation nor a resume ever takes it for a training checkpoint.
+BEST_HELDOUT_DIR = "checkpoint-best-heldout"
+
+
+def greedy_accuracy(trainer, dataset, max_new_tokens: int, batch_size: int, reward_fn) -> dict:
+    """Greedy held-out accuracy graded by the training accuracy reward, sharded over processes and summed."""
+    import torch
+    from trl.models import unwrap_model_for_generation
+
+    from respo_trl.demo.warmstart import generate, grade
+
+    accelerator = trainer.accelerator
+    shard = dataset.select(range(accelerator.process_index, len(dataset), accelerator.num_processes))
+    with unwrap_model_for_generation(trainer.model_wrapped, accelerator) as model:
+        texts, lengths = generate(
+            model, trainer.processing_class, shard["prompt"], max_new_tokens=max_new_tokens, batch_size=batch_size
+        )
+    correct = grade(texts, shard["solution"], reward_fn) if texts else []
+    local = torch.tensor([sum(correct), len(correct), sum(lengths)], dtype=torch.float64, device=accelerator.device)
+    total = accelerator.reduce(local, "sum").tolist()
+    return {
+        "accuracy": total[0] / max(total[1], 1),
+        "n": int(total[1]),
+        "mean_answer_tokens": total[2] / max(total[1], 1),
+        "examples": [{"prompt": p[-1]["content"], "completion": t} for p, t in zip(shard["prompt"][:3], texts[:3])],
+    }
+
+
+def sampled_accuracy(trainer, dataset, accuracy_name: str) -> dict:
+    """Mean accuracy reward of ``num_generations_eval`` samples per problem, from ``trainer.evaluate()``."""
+    metrics = trainer.evaluate(eval_dataset=dataset)
+    key = f"eval_rewards/{accuracy_name}/mean"
+    if key not in metrics:
+        raise RuntimeError(f"trainer.evaluate() returned no {key!r}; got {sorted(metrics)}")
+    return {"accuracy": metrics[key], "n": len(dataset), "samples_per_problem": trainer.num_generations_eval}
+
+
+def eval_curve_from_logs(log_history: list[dict], accuracy_name: str) -> list[dict]:
+    """Sampled mode: the ``eval_strategy`` evaluations as (step, generated tokens, accuracy) points."""
+    key, points, tokens = f"eval_rewards/{accuracy_name}/mean", [], 0
+    for log in log_history:
+        tokens = log.get("reuse/generated_tokens", tokens)
+        if key in log:
+            points.append({"step": log["step"], "generated_tokens": int(tokens), "accuracy": log[key]})
+    return points
+
+
+def best_checkpoint_accuracy(trainer, best: dict, best_dir: str, final_dir: str, measure, heldout) -> dict:
+    """Whole-held-out-set accuracy of the best in-training checkpoint (chosen on the curve's subset), then the final
+    weights are put back (a later push sends the final model)."""
+    from safetensors.torch import load_file
+
+    def load(folder):
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        state = load_file(os.path.join(folder, "model.safetensors"), device=str(trainer.accelerator.device))
+        model.load_state_dict(state, strict=False)
+
+    if best["step"] == trainer.state.global_step or not os.path.isdir(best_dir):
+        return {"step": trainer.state.global_step, "accuracy": None, "is_final": True, "path": final_dir}
+    load(best_dir)
+    result = measure(heldout)
+    load(final_dir)
+    return {
+        "step": best["step"],
+        "accuracy": result["accuracy"],
+        "n": result["n"],
+        "subset_accuracy": best["accuracy"],
+        "subset_n": best.get("n"),
+        "is_final": False,
+        "path": best_dir,
+    }
+
+
+def add_curve_point(report: dict, point: dict, curve_file: str | None) -> None:
+    """Append a held-out point to the report and, on the main process, to ``curve_file`` (rewritten whole, then
+    renamed into place), so an interrupted run's curve survives for its resume."""
+    report["curve"].append(point)
+    if curve_file is None:
+        return
+    os.makedirs(os.path.dirname(curve_file) or ".", exist_ok=True)
+    payload = {"before": report["heldout"].get("before"), "before_detail": report["heldout"].get("before_detail"),
+               "curve": report["curve"]}  # fmt: skip
+    tmp = f"{curve_file}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, default=str)
+    os.replace(tmp, curve_file)
+
+
+def resumed_curve(curve_file: str, trainer, resume) -> dict:
+    """The held-out points (``curve``) and the starting accuracy (``before``, ``before_detail``) the interrupted run
+    measured, up to the checkpoint this run resumes from; empty if the file is missing (a run of respo_trl < 0.3, or
+    one without held-out points)."""
+    if not os.path.isfile(curve_file):
+        return {}
+    checkpoint = trainer._last_complete_checkpoint() if resume is True else str(resume)
+    match = re.search(r"checkpoint-(\d+)$", os.path.normpath(checkpoint))
+    step = int(match.group(1)) if match else None
+    with open(curve_file) as f:
+        saved = json.load(f)
+    curve = [p for p in saved.get("curve", []) if step is None or p["step"] <= step]
+    return {"curve": curve, "before": saved.get("before"), "before_detail": saved.get("before_detail")}
+
+
+def make_callbacks(report: dict, curve_point=None, every: int = 0, curve_file: str | None = None):
+    """A compact progress bar and, when ``every`` > 0, a held-out accuracy point every ``every`` steps (kept in
+    ``curve_file`` as it is measured)."""
+    from tqdm.auto import tqdm
+    from transformers import TrainerCallback
+
+    class CompactProgress(TrainerCallback):
+        """One progress bar with the numbers that matter, instead of a log dict per step."""
+
+        bar = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:
+                self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc="ReSPO", dynamic_ncols=True)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.bar is not None:
+                self.bar.update(state.global_step - self.bar.n)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if self.bar is None or not logs:
+                return
+            postfix = dict(self.bar.postfix and [kv.split("=", 1) for kv in self.bar.postfix.split(", ")] or [])
+            if "reward" in logs:
+                postfix["reward"] = f"{logs['reward']:.2f}"
+            if "reuse/generated_tokens" in logs:
+                postfix["tokens"] = f"{logs['reuse/generated_tokens'] / 1e3:.0f}k"
+            if report["curve"]:
+                postfix["held-out"] = f"{100 * report['curve'][-1]['accuracy']:.1f}%"
+            self.bar.set_postfix(postfix, refresh=False)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            if self.bar is not None:
+                self.bar.close()
+
+    class HeldoutCurve(TrainerCallback):
+        """Held-out accuracy every ``every`` optimizer steps, against generated tokens (all processes take part)."""
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if every and state.global_step % every == 0 and state.global_step < state.max_steps:
+                add_curve_point(report, curve_point(state.global_step), curve_file)
+
+    return [CompactProgress(), HeldoutCurve()]
+
+
+def print_summary(report: dict) -> None:
+    def pct(x):
+        return "n/a" if x is None else f"{100 * x:.1f}%"
+
+    before, after = report["heldout"]["before"], report["heldout"]["after"]
+    delta = None if before is None or after is None else 100 * (after - before)
+    rows = [
+        ("model", report["model"]["name"] + f" ({report['model']['parameters'] / 1e6:.2f}M params)"),
+        ("held-out set", f"{report['heldout']['dataset']} (n={report['heldout']['n']}, {report['heldout']['mode']})"),
+        ("warm-start demonstrations right", pct(report["warm_start"]["demonstration_accuracy"])),
+        ("held-out accuracy before RL", pct(before)),
+        ("held-out accuracy after RL (final)", pct(after)),
+        ("change", "n/a" if delta is None else f"{delta:+.1f} points"),
+        ("optimizer steps", str(report["training"]["global_step"])),
+        ("generated tokens", f"{report['training']['generated_tokens']:,}"),
+        ("rollout reuse R", str(report["training"]["respo_reuse"])),
+        (
+            "grad norm of reuse passes / fresh",
+            ", ".join(f"{v:.2f}" for v in report["training"]["mean_grad_norm_vs_fresh"].values()) or "n/a (R = 1)",
+        ),
+        ("warm-start time", f"{report['time_s']['warm_start']:.0f} s"),
+        ("RL time", f"{report['time_s']['train']:.0f} s"),
+        ("wall time (this process)", f"{report['time_s']['total']:.0f} s"),
+    ]
+    best = report["heldout"].get("best")
+    if best and not best["is_final"]:
+        rows.insert(5, (f"held-out accuracy, best checkpoint (step {best['step']})", pct(best["accuracy"])))
+    elif best:
+        rows.insert(5, ("best checkpoint", "the final one"))
+    width = max(len(k) for k, _ in rows)
+    line = "+" + "-" * (width + 2) + "+" + "-" * 52 + "+"
+    print("\n" + line)
+    for key, value in rows:
+        print(f"| {key:<{width}} | {value:<50} |")
+    print(line)
+    print(f"report and plots: {report['output_dir']}")

@@ -1,0 +1,109 @@
+"""The recipe's model: a Hub or local model checked by its config before weights load, MoE router settings, and the
+embedded demo's tiny model with its warm start (the demo's parts live in :mod:`respo_trl.demo`)."""
+
+from __future__ import annotations
+
+import os
+
+from trl import ModelConfig
+
+from ..config import ReSPOConfig
+from .args import RecipeArguments, RecipeError
+
+
+def inspect_model(model_args: ModelConfig, training_args: ReSPOConfig):
+    """The model's config (config file only, no weights), with a clear error for an unknown id or path."""
+    from transformers import AutoConfig
+
+    name = model_args.model_name_or_path
+    try:
+        return AutoConfig.from_pretrained(
+            name, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
+        )
+    except (OSError, ValueError) as error:
+        cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise RecipeError(
+            f"cannot resolve model {name!r}: it is neither a local model directory nor a Hub model id whose config "
+            f"could be fetched (HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}); check the spelling (the "
+            f"presets use Qwen/Qwen3-0.6B ... Qwen/Qwen3-30B-A3B). Cause: {cause}"
+        ) from None
+
+
+def load_tokenizer(model_args: ModelConfig, training_args: ReSPOConfig):
+    """The model's tokenizer (a few MB, no weights), to measure prompt lengths before the trainer loads the model."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(
+        model_args.model_name_or_path,
+        revision=model_args.model_revision,
+        trust_remote_code=training_args.trust_remote_code,
+    )
+
+
+def is_moe(config) -> bool:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return hasattr(text, "output_router_logits") and getattr(text, "num_experts", 0) > 0
+
+
+def configure_moe(config, training_args: ReSPOConfig, logger) -> dict:
+    """Router auxiliary (load-balancing) loss on for MoE models; an error for a coefficient on a dense model."""
+    text = config.get_text_config()
+    moe = is_moe(config)
+    coef = training_args.router_aux_loss_coef
+    if not moe and coef:
+        raise RecipeError(
+            f"router_aux_loss_coef={coef} but {config.model_type} is a dense model (no router); remove the setting"
+        )
+    if not moe:
+        return {"moe": False}
+    effective = getattr(text, "router_aux_loss_coef", 0.0) if coef is None else coef
+    if effective == 0:
+        logger.warning("MoE model with router_aux_loss_coef=0: the router load-balancing loss is OFF.")
+    return {"moe": True, "num_experts": text.num_experts, "router_aux_loss_coef": effective}
+
+
+def pick_cpu_threads(training_args: ReSPOConfig, tiny: bool, logger) -> None:
+    """One torch thread for a tiny model on a CPU (``python recipes/qwen3_respo.py`` leaves torch at 2 threads where
+    ``accelerate launch`` sets 1)."""
+    import torch
+
+    from respo_trl.demo.tiny import use_one_cpu_thread
+
+    if tiny and not torch.cuda.is_available():
+        use_one_cpu_thread(logger, "CPU run of a tiny model")
+
+
+def build_tiny(script_args: RecipeArguments, seed: int):
+    from respo_trl.demo.tiny import build_char_tokenizer, tiny_qwen3
+
+    tokenizer = build_char_tokenizer()
+    model = tiny_qwen3(
+        tokenizer,
+        moe=script_args.tiny_model == "moe",
+        hidden_size=script_args.tiny_hidden_size,
+        num_layers=script_args.tiny_num_layers,
+        num_heads=script_args.tiny_num_heads,
+        num_kv_heads=max(1, script_args.tiny_num_heads // 2),
+        intermediate_size=script_args.tiny_intermediate_size,
+        seed=seed,
+    )
+    model.config._name_or_path = f"tiny-qwen3-{script_args.tiny_model}"
+    return model, tokenizer
+
+
+def warm_start(model, tokenizer, train_dataset, script_args: RecipeArguments, seed: int, on_step=None) -> list[float]:
+    """Supervised warm start on the dataset's reference completions (the tiny preset imitates an imperfect teacher);
+    returns the losses. Shared with benchmarks/reuse_lm.py, which warm-starts once per seed for all its arms."""
+    from respo_trl.demo.warmstart import supervised_warm_start
+
+    return supervised_warm_start(
+        model,
+        tokenizer,
+        train_dataset["prompt"],
+        train_dataset["completion"],
+        steps=script_args.warmstart_steps,
+        batch_size=script_args.warmstart_batch_size,
+        learning_rate=script_args.warmstart_learning_rate,
+        seed=seed,
+        on_step=on_step,
+    )
