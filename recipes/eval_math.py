@@ -3,6 +3,10 @@
     # A trained output_dir (results land in it, where ReSPOTrainer's model card picks them up):
     python recipes/eval_math.py --model outputs/qwen3-respo --benchmarks math500 aime24 aime25 amc23 --n 16
 
+    # The recipe's embedded default, as it trained (its report.json: the built-in task's held-out split, no system
+    # prompt, 48 new tokens, temperature 1); nothing is downloaded. An earlier eval_math.json is kept, renamed:
+    python recipes/eval_math.py --model outputs/qwen3-tiny-respo
+
     # A Hub model id, vLLM on 2 GPUs (used automatically when vLLM is installed and a GPU is visible):
     python recipes/eval_math.py --model Qwen/Qwen3-1.7B --benchmarks math500 aime24 --n 64 \
         --temperature 0.6 --top_p 0.95 --max_new_tokens 32768 --tensor_parallel_size 2
@@ -217,7 +221,16 @@ def load_problems(spec: BenchmarkSpec, problem_column=None, answer_column=None, 
             check_jsonl(spec.dataset)  # datasets would bury the cause in a long DatasetGenerationError
         data = load_dataset(LOCAL_SUFFIXES[suffix], data_files=spec.dataset, split="train")
     else:
-        data = load_dataset(spec.dataset, spec.config, split=spec.split)
+        try:
+            data = load_dataset(spec.dataset, spec.config, split=spec.split)
+        except (ConnectionError, OSError, ValueError) as error:  # offline, misspelt or private: one line
+            if Path(spec.dataset).suffix in LOCAL_SUFFIXES:
+                raise UsageError(f"benchmark file {spec.dataset!r} does not exist") from None
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise UsageError(
+                f"cannot load benchmark {spec.dataset!r} from the Hub ({first}); offline, pass a local copy "
+                "(--local_data NAME=FILE, or the file itself in --benchmarks)"
+            ) from None
     columns = data.column_names
     p_col = pick_column(columns, problem_column or spec.problem_column, PROBLEM_COLUMNS, "problem", spec.dataset)
     a_col = pick_column(columns, answer_column or spec.answer_column, ANSWER_COLUMNS, "answer", spec.dataset)
@@ -454,6 +467,67 @@ def package_versions() -> dict:
     return found
 
 
+def run_defaults(model: str) -> dict:
+    """How the run in ``model`` (a recipe ``output_dir``: its ``report.json``) trained: the benchmark, prompt format and
+    budget to evaluate it with by default. Empty for anything else (a Hub id, a snapshot, a run of a user's script)."""
+    report_path = Path(model) / "report.json"
+    if not report_path.is_file():
+        return {}
+    report = json.loads(report_path.read_text())
+    script = (report.get("args") or {}).get("script") or {}
+    fmt = report.get("prompt_format") or script
+    sampling = report.get("sampling") or {}
+    if not sampling and (Path(model) / "training_args.bin").is_file():  # reports before 0.3 had no sampling section
+        import torch
+
+        training = torch.load(Path(model) / "training_args.bin", weights_only=False)
+        sampling = {"max_completion_length": training.max_completion_length, "temperature": training.temperature}
+    out = {
+        "system_prompt": fmt.get("system_prompt") or "",
+        "prompt_template": fmt.get("prompt_template") or "{problem}",
+        "max_new_tokens": sampling.get("max_completion_length"),
+        "temperature": sampling.get("temperature"),
+        "top_p": 1.0,
+    }
+    task = script.get("dataset_name") or report.get("task") or ""
+    if script.get("eval_dataset_name"):
+        out["benchmarks"] = [script["eval_dataset_name"]]
+    elif task.startswith("builtin:"):  # the run's own held-out split, regenerated exactly (same generator and seed)
+        out["benchmarks"] = [str(Path(model) / "heldout.jsonl")]
+        out["builtin_heldout"] = {k: script.get(k) for k in (
+            "task_min_terms", "task_max_terms", "task_max_operand", "task_operators", "task_nuisance", "task_seed",
+            "heldout_size")}  # fmt: skip
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def write_builtin_heldout(path: str, settings: dict) -> None:
+    """The built-in task's held-out split as the run measured it, as a MATH-500-schema JSONL file."""
+    from respo_trl.demo.tasks import ArithmeticTask
+
+    task = ArithmeticTask(
+        min_terms=settings["task_min_terms"], max_terms=settings["task_max_terms"],
+        max_operand=settings["task_max_operand"], operators=settings["task_operators"],
+        nuisance=bool(settings.get("task_nuisance")),
+    )  # fmt: skip
+    task.write_jsonl(path, "test", settings.get("heldout_size") or 500, settings.get("task_seed") or 0)
+
+
+def archive_previous(output_dir: str) -> str | None:
+    """Move an earlier ``eval_math.json``/``.md`` of ``output_dir`` aside (never silently replaced); returns its name."""
+    old = Path(output_dir) / RESULTS_JSON
+    if not old.is_file():
+        return None
+    index = 1
+    while (Path(output_dir) / f"eval_math.previous-{index}.json").exists():
+        index += 1
+    target = Path(output_dir) / f"eval_math.previous-{index}.json"
+    old.rename(target)
+    md = Path(output_dir) / RESULTS_MD
+    if md.is_file():
+        md.rename(target.with_suffix(".md"))
+    return target.name
+
+
 def default_output_dir(model: str) -> str:
     """A trained output_dir (it holds ``training_args.bin``) keeps its results; anything else gets its own folder."""
     if os.path.isdir(model) and os.path.isfile(os.path.join(model, "training_args.bin")):
@@ -552,7 +626,8 @@ def parse_args(argv=None):
         "--benchmarks",
         nargs="+",
         default=None,
-        help=f"short names {sorted(BENCHMARKS)}, Hub ids or files (default: the protocol's, else math500)",
+        help=f"short names {sorted(BENCHMARKS)}, Hub ids or files (default: the protocol's; for a recipe output_dir "
+        "the run's held-out set; else math500)",
     )
     parser.add_argument(
         "--local_data",
@@ -563,10 +638,10 @@ def parse_args(argv=None):
         "e.g. olympiadbench=data/olympiadbench.jsonl",
     )
     parser.add_argument("--n", type=int, default=None, help="samples per problem (default: the protocol's, else 4)")
-    parser.add_argument("--temperature", type=float, default=None, help="0 means greedy (default 0.6)")
-    parser.add_argument("--top_p", type=float, default=None, help="default 0.95")
+    parser.add_argument("--temperature", type=float, default=None, help="0 means greedy (default: the run's, else 0.6)")
+    parser.add_argument("--top_p", type=float, default=None, help="default: 1.0 for a recipe run, else 0.95")
     parser.add_argument("--top_k", type=int, default=0, help="0 disables top-k (TRL's default)")
-    parser.add_argument("--max_new_tokens", type=int, default=None, help="default 4096")
+    parser.add_argument("--max_new_tokens", type=int, default=None, help="default: the run's max_completion_length, else 4096")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--ks", type=int, nargs="*", default=None, help="k for pass@k (default: powers of two < n, and n)"
@@ -577,8 +652,10 @@ def parse_args(argv=None):
         default=LENGTH_BINS,
         help="equal-width response-length bins over [0, max_new_tokens] for accuracy by length (0: none)",
     )
-    parser.add_argument("--system_prompt", default=None, help="'' for no system turn (default: a \\boxed{} request)")
-    parser.add_argument("--prompt_template", default=None, help="user turn; {problem} is replaced (default {problem})")
+    parser.add_argument("--system_prompt", default=None,
+                        help="'' for no system turn (default: the run's, from its report.json; else a \\boxed{} request)")
+    parser.add_argument("--prompt_template", default=None,
+                        help="user turn; {problem} is replaced (default: the run's, else {problem})")  # fmt: skip
     parser.add_argument(
         "--chat_template_kwargs", type=json.loads, default={}, help="JSON, e.g. '{\"enable_thinking\": false}'"
     )
@@ -599,6 +676,7 @@ def parse_args(argv=None):
     parser.add_argument("--save_samples", action="store_true", help=f"also write every completion to {SAMPLES_JSONL}")
     args = parser.parse_args(argv)
     args.local_data = dict(parse_local_data(item, parser) for item in args.local_data)
+    args.from_run = apply_run_defaults(args)
     resolve_protocol(args, parser)
     if args.n is not None and args.n < 1:
         parser.error("--n must be >= 1")
@@ -607,6 +685,24 @@ def parse_args(argv=None):
     if args.temperature == 0 and max(args.samples.values(), default=args.n or 1) > 1:
         logger.warning("--temperature 0 is greedy decoding: the n samples of a problem are identical")
     return args
+
+
+def apply_run_defaults(args) -> dict:
+    """Without ``--protocol``, options left unset take the values the run in ``--model`` trained with (its
+    ``report.json``): its held-out set, prompt format, token budget and temperature. Returns what was taken."""
+    if args.protocol is not None:
+        return {}
+    defaults = run_defaults(args.model)
+    taken = {}
+    for name in ("benchmarks", "system_prompt", "prompt_template", "max_new_tokens", "temperature", "top_p"):
+        if name in defaults and getattr(args, name) is None:
+            setattr(args, name, defaults[name])
+            taken[name] = defaults[name]
+    args.builtin_heldout = defaults.get("builtin_heldout") if "benchmarks" in taken else None
+    if taken:
+        described = ", ".join(f"{k}={v!r}" for k, v in taken.items())
+        logger.info(f"defaults from {os.path.join(args.model, 'report.json')} (how the run trained): {described}")
+    return taken
 
 
 def parse_local_data(item: str, parser) -> tuple[str, str]:
@@ -670,6 +766,8 @@ def main(argv=None, generate=None) -> dict:
     if generate is not None:
         backend = "custom"
     check_model(args.model)
+    if getattr(args, "builtin_heldout", None) and not Path(args.benchmarks[0]).is_file():
+        write_builtin_heldout(args.benchmarks[0], args.builtin_heldout)
     for name in args.benchmarks:  # local files are read before any model is loaded: bad input fails in seconds
         path = args.local_data.get(name) or resolve_benchmark(name)[1].dataset
         if str(path).endswith(".jsonl") and Path(path).is_file():
@@ -749,12 +847,19 @@ def main(argv=None, generate=None) -> dict:
             "by_benchmark": {row["benchmark"]: bins_of([s for s in all_samples if s["benchmark"] == row["benchmark"]])
                              for row in rows},
         }  # fmt: skip
+    report["defaults_from_run"] = args.from_run
     output_dir = args.output_dir or default_output_dir(args.model)
+    previous = archive_previous(output_dir)
     write_report(report, all_samples, output_dir, args.save_samples)
     from respo_trl.grading import results_table
 
     print(results_table(report))
-    print(f"\nwrote {os.path.join(output_dir, RESULTS_JSON)} and {RESULTS_MD}")
+    print(f"\nwrote {os.path.join(output_dir, RESULTS_JSON)} and {RESULTS_MD}"
+          + (f" (the earlier evaluation is kept as {previous})" if previous else ""))  # fmt: skip
+    if rows and all(row["avg_at_n"] == 0 for row in rows):
+        print(f"every answer was graded wrong: check that the prompt matches the one the model was trained with "
+              f"(system prompt {args.system_prompt!r}, template {args.prompt_template!r}; see --system_prompt and "
+              "--prompt_template)", file=sys.stderr)  # fmt: skip
     return report
 
 

@@ -487,3 +487,45 @@ def test_bad_model_path_and_malformed_jsonl_fail_in_one_line(tmp_path, tiny_mode
         assert done.returncode != 0
         lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith(("INFO", "WARNING"))]
         assert "Traceback" not in done.stderr and len(lines) == 1 and message in lines[0], done.stderr[-2000:]
+
+
+def test_a_recipe_output_dir_is_evaluated_as_it_trained_offline_and_keeps_earlier_results(eval_math, tiny_model_dir,
+                                                                                          tmp_path, monkeypatch):
+    """The newcomer path: `eval_math.py --model outputs/qwen3-tiny-respo` with no other option. 0.2 defaulted to
+    MATH-500 from the Hub (a 20-line ConnectionError offline), added a system prompt the model never saw (0.0%), and
+    replaced the earlier evaluation in the model directory without a word."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run = tmp_path / "qwen3-tiny-respo"
+    shutil.copytree(tiny_model_dir, run)
+    (run / "training_args.bin").write_bytes(b"")  # a training output_dir: results stay in it
+    script = {"dataset_name": "builtin:arithmetic", "eval_dataset_name": None, "task_min_terms": 3,
+              "task_max_terms": 5, "task_max_operand": 9, "task_operators": "+", "task_nuisance": False,
+              "task_seed": 0, "heldout_size": 12, "system_prompt": None, "prompt_template": "{problem}"}  # fmt: skip
+    (run / "report.json").write_text(json.dumps({
+        "task": "builtin:arithmetic", "args": {"script": script},
+        "prompt_format": {"system_prompt": None, "prompt_template": "{problem}"},
+        "sampling": {"max_completion_length": 48, "temperature": 1.0},
+    }))  # fmt: skip
+    seen = {}
+
+    def generate(prompts, sampling):
+        seen.setdefault("prompts", prompts)
+        seen["sampling"] = sampling
+        return [["\\boxed{0}"] * sampling.n for _ in prompts]
+
+    report = eval_math.main(["--model", str(run)], generate=generate)
+    (result,) = report["results"]
+    assert result["problems"] == 12 and (run / "heldout.jsonl").is_file()  # the run's own held-out split
+    from respo_trl.demo.tasks import ArithmeticTask
+
+    expected = ArithmeticTask(min_terms=3, max_terms=5, max_operand=9, operators="+").expressions("test", 12, 0)
+    assert [json.loads(line)["problem"] for line in (run / "heldout.jsonl").read_text().splitlines()] == expected
+    assert "\\boxed{}" not in seen["prompts"][0] and "<|im_start|>s:" not in seen["prompts"][0]  # no system turn
+    assert seen["sampling"].max_new_tokens == 48 and seen["sampling"].temperature == 1.0
+    assert report["defaults_from_run"]["max_new_tokens"] == 48
+    first = (run / "eval_math.json").read_text()
+    eval_math.main(["--model", str(run), "--n", "2"], generate=generate)
+    assert (run / "eval_math.previous-1.json").read_text() == first  # kept, not replaced
+    # a Hub benchmark offline is one line that says what to do, not a ConnectionError traceback
+    with pytest.raises(eval_math.UsageError, match="cannot load benchmark 'HuggingFaceH4/MATH-500'.*--local_data"):
+        eval_math.main(["--model", str(run), "--benchmarks", "math500"], generate=generate)

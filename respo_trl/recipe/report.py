@@ -43,6 +43,8 @@ def new_report(script_args, training_args, model_name: str, model_info: dict, tr
         "task": script_args.dataset_name,
         "prompt_format": {"system_prompt": script_args.system_prompt, "prompt_template": script_args.prompt_template,
                           "strip_dapo_instruction": script_args.strip_dapo_instruction},  # fmt: skip
+        "sampling": {"max_completion_length": training_args.max_completion_length,
+                     "temperature": training_args.temperature},  # fmt: skip
         "seed": training_args.seed,
         "num_processes": world,
         "distributed_type": trainer.accelerator.distributed_type.value,
