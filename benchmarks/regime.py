@@ -60,19 +60,20 @@ SETTINGS = {
     "short": {"terms": (3, 5), "nuisance": False, "teacher_error": 0.6, "max_completion_length": 48,
               "args": ["--task_min_terms", "3", "--task_max_terms", "5", "--task_teacher_error_rate", "0.6",
                        "--warmstart_steps", "500", "--max_completion_length", "48"]},
-    # long chains: ~7.4 needed carries per problem, so a teacher forgetting 25% of them is right on ~12% of problems
-    # (a warm start imitates it closely: at 10% the model was right on 43% at temperature 1, not sparse)
-    "long": {"terms": (16, 20), "nuisance": False, "teacher_error": 0.25, "max_completion_length": 360,
-             "args": [*_CHAINS, "--task_min_terms", "16", "--task_max_terms", "20", "--task_teacher_error_rate", "0.25",
+    # long chains (~7.4 needed carries per problem). A warm start imitates the teacher but is right less often than it
+    # at temperature 1 (calibration runs, docs/benchmarks.md 5.2: teacher error 0.25 left the model right on 6.2%
+    # without nuisance and 2.5% with it; 0.1 on 43% without): these rates aim at the 10-15% of the paper's regime.
+    "long": {"terms": (16, 20), "nuisance": False, "teacher_error": 0.2, "max_completion_length": 360,
+             "args": [*_CHAINS, "--task_min_terms", "16", "--task_max_terms", "20", "--task_teacher_error_rate", "0.2",
                       "--max_completion_length", "360"]},
-    "long-nuisance": {"terms": (16, 20), "nuisance": True, "teacher_error": 0.25, "max_completion_length": 360,
+    "long-nuisance": {"terms": (16, 20), "nuisance": True, "teacher_error": 0.15, "max_completion_length": 360,
                       "args": [*_CHAINS, "--task_min_terms", "16", "--task_max_terms", "20",
-                               "--task_teacher_error_rate", "0.25", "--task_nuisance", "true",
+                               "--task_teacher_error_rate", "0.15", "--task_nuisance", "true",
                                "--max_completion_length", "360"]},
-    # ~11 carries: 17.5% forgotten keeps the teacher at ~12%
-    "longer-nuisance": {"terms": (24, 28), "nuisance": True, "teacher_error": 0.175, "max_completion_length": 400,
+    # ~11 carries: 10% forgotten keeps the teacher at ~30%, as 15% does over 16-20 terms
+    "longer-nuisance": {"terms": (24, 28), "nuisance": True, "teacher_error": 0.1, "max_completion_length": 400,
                         "args": [*_CHAINS, "--task_min_terms", "24", "--task_max_terms", "28",
-                                 "--task_teacher_error_rate", "0.175", "--task_nuisance", "true",
+                                 "--task_teacher_error_rate", "0.1", "--task_nuisance", "true",
                                  "--max_completion_length", "400"]},
 }  # fmt: skip
 # The regime map: (setting, learning rate). The comparison takes the first of GATE_ORDER that passes.
@@ -386,7 +387,7 @@ def run_all(args, specs: list[dict], runs_dir: Path) -> dict[str, dict]:
     """Warm starts first (profiled once per setting and seed), then every run not already in ``runs_dir``."""
     done = {p.stem: json.loads(p.read_text()) for p in runs_dir.glob("*.json")}
     todo = [s for s in specs if s["name"] not in done]
-    warm = {(s["setting"], s["seed"]): s for s in specs}
+    warm = {(s["setting"], s["seed"]): s for s in todo}
     profiles_needed = [s for s in warm.values() if not Path(s["warm_path"], "regime_profile.json").exists()]
     print(f"{len(specs)} runs, {len(specs) - len(todo)} done, {len(todo)} to run; "
           f"{len(profiles_needed)} warm starts to build/profile; {args.workers} workers", flush=True)  # fmt: skip
@@ -395,27 +396,33 @@ def run_all(args, specs: list[dict], runs_dir: Path) -> dict[str, dict]:
     start = time.time()
     n_prompts = SMOKE["profile_prompts"] if args.smoke else 512
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"), initializer=_init_worker) as pool:
-        futures = {
-            pool.submit(profile_warm_start, s["setting"], s["seed"], [*s["setting_args"], *s["extra"]], s["warm_path"],
-                        n_prompts, s["eval_samples"]): s
-            for s in warm.values()
-        }  # fmt: skip
-        for future in as_completed(futures):
-            p = future.result()
-            t1 = p["train_t1"]
-            print(f"  warm start {p['setting']} seed {p['seed']}: T=1 accuracy {100 * t1['accuracy']:.1f}%, "
-                  f"{t1['entropy_per_token']:.3f} nats/token, {t1['entropy_per_response']:.1f} nats/response, "
-                  f"{t1['mean_length']:.0f} tokens ({time.time() - start:.0f} s)", flush=True)  # fmt: skip
-        futures = {pool.submit(run_one, spec): spec["name"] for spec in todo}
-        for i, future in enumerate(as_completed(futures), 1):
-            record = future.result()
-            done[record["name"]] = record
-            stats = run_stats(record)
-            share = stats["positive_branch"]["share"]
-            late = stats["late_mean"]
-            print(f"  [{i}/{len(todo)}] {record['name']}: late-mean score "
+        # Warm starts first; each seed's runs are queued as soon as its warm start is ready (no worker waits for the
+        # warm starts of other seeds).
+        pending = {}
+        for key, s in warm.items():
+            pending[pool.submit(profile_warm_start, s["setting"], s["seed"], [*s["setting_args"], *s["extra"]],
+                                s["warm_path"], n_prompts, s["eval_samples"])] = ("profile", key)  # fmt: skip
+        finished, total = 0, len(todo)
+        while pending:
+            future = next(as_completed(pending))
+            kind, key = pending.pop(future)
+            result = future.result()
+            if kind == "profile":
+                t1 = result["train_t1"]
+                print(f"  warm start {result['setting']} seed {result['seed']}: T=1 accuracy "
+                      f"{100 * t1['accuracy']:.1f}%, {t1['entropy_per_token']:.3f} nats/token, "
+                      f"{t1['entropy_per_response']:.1f} nats/response, {t1['mean_length']:.0f} tokens "
+                      f"({time.time() - start:.0f} s)", flush=True)  # fmt: skip
+                for spec in [s for s in todo if (s["setting"], s["seed"]) == key]:
+                    pending[pool.submit(run_one, spec)] = ("run", spec["name"])
+                continue
+            finished += 1
+            done[result["name"]] = result
+            stats = run_stats(result)
+            share, late = stats["positive_branch"]["share"], stats["late_mean"]
+            print(f"  [{finished}/{total}] {result['name']}: late-mean score "
                   f"{'n/a' if late is None else f'{100 * late:.1f}%'}, low-W positives (first half) "
-                  f"{'n/a' if share != share else f'{100 * share:.1f}%'}, {record['wall_s']:.0f} s "
+                  f"{'n/a' if share != share else f'{100 * share:.1f}%'}, {result['wall_s']:.0f} s "
                   f"({time.time() - start:.0f} s)", flush=True)  # fmt: skip
     shutil.rmtree(Path(args.work, "scratch"), ignore_errors=True)
     return done
