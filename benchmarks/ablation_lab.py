@@ -55,10 +55,10 @@ run: N = 32).
 
 How to run
 ----------
-    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/ablation_lab.py          # full grid + confirmation, ~9 CPU-min
-    PYTHONPATH=. python benchmarks/ablation_lab.py --quick --out /tmp/abl     # smoke size, seconds
-    PYTHONPATH=. python benchmarks/ablation_lab.py --markdown-from docs/benchmarks/ablation_lab.json
-    PYTHONPATH=. python benchmarks/ablation_lab.py --factors mask --seeds 0 1 2 --no-confirm --out /tmp/abl
+    OMP_NUM_THREADS=1 python benchmarks/ablation_lab.py          # full grid + confirmation, ~9 CPU-min
+    python benchmarks/ablation_lab.py --quick --out /tmp/abl     # smoke size, seconds
+    python benchmarks/ablation_lab.py --markdown-from docs/benchmarks/ablation_lab.json
+    python benchmarks/ablation_lab.py --factors mask --seeds 0 1 2 --no-confirm --out /tmp/abl
 
 Writes ``--out``/``ablation_lab.json`` (default ``docs/benchmarks``) and ``ablation_lab.png`` (final reward by
 variant, both regimes, the primary and check settings, error bars = std over seeds, clipped PPO as a band).
@@ -737,7 +737,7 @@ def main(argv: list[str] | None = None) -> dict:
         **result,
         "runtime_s": time.perf_counter() - t0,
         "cpu_s": time.process_time() - cpu0,
-        "command": "PYTHONPATH=. python benchmarks/ablation_lab.py " + " ".join(argv if argv is not None
+        "command": "python benchmarks/ablation_lab.py " + " ".join(argv if argv is not None
                                                                                else sys.argv[1:]),
         "machine": machine_info(),
     }

@@ -69,11 +69,11 @@ shows the mechanism and how each kernel reacts to it; the LLM evidence is the ti
 
 How to run
 ----------
-    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/starvation_lab.py --out docs/benchmarks/starvation_lab   # full
-    PYTHONPATH=. python benchmarks/starvation_lab.py --quick --out /tmp/lab                      # seconds (smoke size)
-    PYTHONPATH=. python benchmarks/starvation_lab.py --kernels ppo_clip respo respo_mean --params epsilon_high=0.28
-    PYTHONPATH=. python benchmarks/starvation_lab.py --lr 0.3 --reuse 4 --staleness 8 --out /tmp/lr03  # custom regime
-    PYTHONPATH=. python benchmarks/starvation_lab.py --markdown-from docs/benchmarks/starvation_lab/starvation_lab.json
+    OMP_NUM_THREADS=1 python benchmarks/starvation_lab.py --out docs/benchmarks/starvation_lab   # full
+    python benchmarks/starvation_lab.py --quick --out /tmp/lab                      # seconds (smoke size)
+    python benchmarks/starvation_lab.py --kernels ppo_clip respo respo_mean --params epsilon_high=0.28
+    python benchmarks/starvation_lab.py --lr 0.3 --reuse 4 --staleness 8 --out /tmp/lr03  # custom regime
+    python benchmarks/starvation_lab.py --markdown-from docs/benchmarks/starvation_lab/starvation_lab.json
 
 ``--out DIR`` writes ``DIR/starvation_lab.json`` (config; per regime, kernel and setting ``R=r`` / ``N=n``: final
 reward, early diagnostics as mean, std and per-seed values; reward curves; a summary per regime that says where ReSPO
@@ -95,9 +95,16 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmarks.machine import machine_info
-from respo_trl.diagnostics import positive_low_weight_stats, sequence_stats, summarize
-from respo_trl.kernels import (
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # `python benchmarks/<script>.py` from a checkout: benchmarks/ is a package
+
+from benchmarks.machine import machine_info  # noqa: E402
+from respo_trl.diagnostics import positive_low_weight_stats, sequence_stats, summarize  # noqa: E402
+from respo_trl.kernels import (  # noqa: E402
     LOG_W_CLAMP,
     POLICY_LOSSES,
     LossParams,
@@ -1150,7 +1157,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"starvation lab: {len(kernels)} kernels x {[s.key for s in cfg.settings()]} x {len(cfg.seeds)} seeds",
           flush=True)
     result = run_lab(cfg, kernels, base, log=lambda line: print(line, flush=True))
-    result["command"] = "PYTHONPATH=. python benchmarks/starvation_lab.py " + " ".join(
+    result["command"] = "python benchmarks/starvation_lab.py " + " ".join(
         argv if argv is not None else __import__("sys").argv[1:])
     for regime, res in result["regimes"].items():
         print(f"\nsummary, regime {regime!r} (lr {res['lr']}):")

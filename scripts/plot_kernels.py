@@ -19,8 +19,8 @@ grid (for ``A >= 0`` it is the left end of the grid: the supremum ``e/2`` is app
 
 How to run
 ----------
-    PYTHONPATH=. python scripts/plot_kernels.py                        # writes docs/figures/kernels.png
-    PYTHONPATH=. python scripts/plot_kernels.py --out /tmp/kernels.png --params respo_lambda_pos=1
+    python scripts/plot_kernels.py                        # writes docs/figures/kernels.png
+    python scripts/plot_kernels.py --out /tmp/kernels.png --params respo_lambda_pos=1
 """
 
 from __future__ import annotations
@@ -35,6 +35,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # `python scripts/plot_kernels.py` from a checkout without installing
 
 from respo_trl.kernels import LossParams, gradient_coefficients  # noqa: E402
 

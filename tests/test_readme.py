@@ -4,6 +4,7 @@ Only what cannot run offline is substituted: the Hub model id becomes a local ti
 local toy dataset, and the run is cut to one optimizer step of tiny batches. Everything else executes verbatim.
 """
 
+import os
 import re
 from pathlib import Path
 
@@ -51,3 +52,23 @@ def test_config_and_kernel_snippets_run_verbatim(in_tmp):
     assert namespace["baseline"].loss_type == "dapo"
     exec(compile(kernel_block, "README.md", "exec"), namespace)  # noqa: S102
     assert namespace["phi"].shape == (4,) and namespace["loss"].isfinite()
+
+
+def test_every_benchmark_and_script_runs_as_documented_from_the_repository_root():
+    """`python benchmarks/starvation_lab.py` failed with ModuleNotFoundError: benchmarks unless PYTHONPATH=. was set.
+    Every script prints its --help from the repository root with no PYTHONPATH."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    scripts = [p for folder in ("benchmarks", "scripts") for p in sorted((root / folder).glob("*.py"))
+               if p.name not in ("__init__.py", "machine.py")]  # fmt: skip
+    assert len(scripts) >= 10
+    failed = []
+    for script in scripts:
+        result = subprocess.run([sys.executable, str(script.relative_to(root)), "--help"], cwd=root, env=env,
+                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        if result.returncode != 0:
+            failed.append(f"{script.name}: {result.stderr.strip().splitlines()[-1:]}")
+    assert not failed, failed
