@@ -276,11 +276,16 @@ def main(script_args: RecipeArguments, training_args, model_args) -> dict:
     return report
 
 
-if __name__ == "__main__":
+def cli(argv: list[str] | None = None) -> dict | None:
+    """The command line: parse and check, then train (or print the batch plan with ``--dry_run P``)."""
     with support.one_line_errors(parsing=True):
-        parsed = parse_args()
+        parsed = parse_args(argv)
     if parsed[0].dry_run:
         print(batch_plan(*parsed))
-    else:
-        with support.one_line_errors(output_dir=parsed[1].output_dir):
-            main(*parsed)
+        return None
+    with support.one_line_errors(output_dir=parsed[1].output_dir):
+        return main(*parsed)
+
+
+if __name__ == "__main__":
+    cli()

@@ -154,6 +154,13 @@ class ReSPOConfig(GRPOConfig):
             "choices": list(TRUST_MASK_MODES),
         },
     )
+    resume_from_checkpoint: str | None = field(
+        default=None,
+        metadata={
+            "help": "Resume training: 'true' takes the latest complete checkpoint-N in output_dir (interrupted saves "
+            "are skipped), or give a checkpoint folder. The rollout-reuse buffer is restored with it."
+        },
+    )
     respo_trust_epsilon: float | None = field(
         default=None,
         metadata={

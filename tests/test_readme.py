@@ -43,8 +43,19 @@ def test_drop_in_snippet_trains_respo_on_cpu(in_tmp, tiny_model_dir, toy_dataset
     assert trainer.args.steps_per_generation == 8  # the snippet's N = 8 (gradient_accumulation_steps = 1)
 
 
+def test_offline_snippet_trains_verbatim(in_tmp):
+    """The documented offline way to try the swap-in: demo model, tokenizer and task, nothing downloaded."""
+    offline = python_blocks("Swap it into an existing TRL script")[1]
+    assert "respo_trl.demo" in offline and "load_dataset" not in offline
+    namespace = {}
+    exec(compile(offline, "README.md", "exec"), namespace)  # noqa: S102
+    trainer = namespace["trainer"]
+    assert trainer.state.global_step == 4 and trainer.loss_type == "respo"
+    assert {"prompt", "solution"} <= set(namespace["dataset"].column_names)
+
+
 def test_config_and_kernel_snippets_run_verbatim(in_tmp):
-    config_block, kernel_block = python_blocks("Swap it into an existing TRL script")[1:3]
+    config_block, kernel_block = python_blocks("Swap it into an existing TRL script")[2:4]
     namespace = {}
     exec(compile(config_block, "README.md", "exec"), namespace)  # noqa: S102
     assert namespace["args"].loss_type == "respo" and namespace["args"].steps_per_generation == 8

@@ -646,3 +646,71 @@ def test_two_process_deepspeed_on_cpu(tmp_path, config):
         pytest.skip("deepspeed is not installed (pip install --no-build-isolation deepspeed, see docs/recipes.md)")
     report, _ = launch(tmp_path, "--config_file", str(ACCELERATE_CONFIGS / config))
     assert report["distributed_type"] == "DEEPSPEED"
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--learning_rte", "1e-4"], "unknown option --learning_rte (did you mean --learning_rate?)"),
+        (["--respo_beta_pos", "2"], "respo_beta_pos must be a finite number in [0, 1], got 2.0"),
+        (["--model_name_or_path", "./no-such-model"], "--model_name_or_path './no-such-model': no such directory"),
+        (["--preset", "tiny_cpu"], "preset 'tiny_cpu' was renamed 'tiny-cpu'"),
+        (["--resume_from_checkpoint", "true"], "holds no complete checkpoint-N folder"),
+    ],
+)
+def test_bad_input_ends_in_one_line_and_exit_status_2(recipe, tmp_path, capsys, argv, message):
+    """Each case of issue 18 item 6: one line naming what to change, before any model loads, and no output_dir left."""
+    out = tmp_path / "run"
+    if "true" in argv:
+        out.mkdir()  # an existing but empty output_dir: nothing to resume (0.2 said "interrupted")
+    with pytest.raises(SystemExit) as exit_info:
+        recipe.cli([*argv, "--output_dir", str(out)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in err if line.startswith("error: ")]
+    assert len(errors) == 1 and err[-1] == errors[0] and message in errors[0], err
+    assert "Traceback" not in "\n".join(err)
+    assert out.exists() == ("true" in argv)  # nothing created by a failed start
+
+
+def test_missing_columns_stop_before_the_model_loads_and_leave_no_output_dir(recipe, tmp_path, capsys, tiny_model_dir):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i}+1", "final": str(i + 1)}) + "\n" for i in range(4)))
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        recipe.cli(["--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), "--eval_mode", "none",
+                    "--use_cpu", "true", "--output_dir", str(out)])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and err[-1].startswith("error: ") and "Traceback" not in "\n".join(err)
+    assert "no column 'prompt' (set --prompt_column) and no column 'solution' (set --answer_column)" in err[-1]
+    assert not out.exists()
+
+
+def test_ctrl_c_says_where_the_run_stands_and_how_to_resume(recipe, tmp_path, capsys, monkeypatch):
+    import respo_trl.trainer
+
+    calls = {"n": 0}
+    real = respo_trl.trainer.ReSPOTrainer.training_step
+
+    def interrupt_at_step_3(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(respo_trl.trainer.ReSPOTrainer, "training_step", interrupt_at_step_3)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        recipe.cli([*SMALL, "--max_steps", "4", "--save_steps", "2", "--eval_mode", "none", "--heldout_eval_steps",
+                    "0", "--output_dir", str(out)])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 130 and err[-1].startswith("error: ") and "Traceback" not in "\n".join(err)
+    assert "interrupted at step 2 of 4" in err[-1] and "checkpoint-2: resume with --resume_from_checkpoint true" in err[-1]
+    assert (out / "checkpoint-2").is_dir()  # kept: it is what the resume needs
+
+
+def test_the_script_itself_prints_one_line_without_a_traceback(tmp_path):
+    result = subprocess.run([sys.executable, str(RECIPE), "--learning_rte", "1e-4"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "error: unknown option --learning_rte (did you mean --learning_rate?); see --help"

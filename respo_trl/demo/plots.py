@@ -12,6 +12,7 @@ steps on stale rollouts are, which is where ReSPO under reuse can fail (docs/met
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Sequence
 
 TOKENS_KEY = "reuse/generated_tokens"
@@ -71,7 +72,7 @@ def plot_run(
                 label = f"first {points[0][2]} problems" if subset else f"all {full} problems" if full else None
                 ax_acc.plot([x for x, _, _ in points], [y for _, y, _ in points], "o", label=label, **style)
         if full:
-            ax_acc.legend(loc="lower right", fontsize=8)
+            ax_acc.legend(loc="best", fontsize=8)  # a fixed corner hid the final point of some runs
     ax_acc.set_xlabel("generated tokens (sampling compute)")
     ax_acc.set_ylabel(f"{accuracy_label} (%)")
     ax_acc.set_title("held-out accuracy")
@@ -85,9 +86,9 @@ def plot_run(
             for i in range(len(reward))
         ]
         ax_rew.plot(tokens, smooth, color="tab:orange", label=f"moving mean ({window})")
-        ax_rew.legend(loc="lower right")
+        ax_rew.legend(loc="best", fontsize=8)
     ax_rew.set_xlabel("generated tokens (sampling compute)")
-    ax_rew.set_ylabel(reward_label)
+    ax_rew.set_ylabel(textwrap.fill(reward_label, 40))  # a long formula label ran into the panel's title
     ax_rew.set_title("training reward")
     ax_rew.grid(alpha=0.3)
     paths.append(_save(fig, os.path.join(output_dir, "accuracy_reward_vs_tokens.png"), title))
@@ -116,7 +117,7 @@ def _save(fig, path: str, title: str) -> str:
 
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.93) if title else None)  # leave the figure title its own band
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -339,6 +339,10 @@ def parse_args(argv: list[str] | None, configs_dir: Path, num_processes: int | N
     """
     argv = resolve_argv(sys.argv[1:] if argv is None else argv, configs_dir)
     check_flags(argv)
+    for i, flag in enumerate(argv):  # a model path that does not exist fails before any config is built
+        if flag.split("=", 1)[0] == "--model_name_or_path":
+            value = flag.split("=", 1)[1] if "=" in flag else (argv[i + 1] if i + 1 < len(argv) else "")
+            check_model_path(value)
     script_args, raw, _ = make_parser(UncheckedConfig).parse_args_and_config(argv)
     planned = num_processes or script_args.dry_run or int(os.environ.get("WORLD_SIZE", "1"))  # set by launchers
     extra = derived_overrides(script_args, raw, explicit_flags(argv), planned)
