@@ -10,6 +10,12 @@ What it measures (random-init weights from the published Qwen3 configurations; n
    truncated to a few layers (the full model does not train on one GPU), and Qwen3-0.6B on one 32K-token completion.
 2. ``kernel``: the loss plus backward on synthetic log-probs (batch 64, completion lengths 1K/8K/32K) for ``respo``,
    TRL's ``dapo`` expression and TRL's ``vespo`` weight, timed with CUDA events (median of interleaved repeats).
+3. ``logw_noise``: ReSPO's raw ``log W`` at staleness 0 in bf16. The same weights score the same tokens twice, once
+   with all rows in one batch and once row by row (what two forwards with different shapes or kernels do, as the
+   trainer's and vLLM's do), with the lm_head in bf16 (TRL's default; bf16 logits, bf16 log-softmax) and in fp32
+   (``cast_lm_head_to_fp32=True``). Reported: the standard deviation over rows of ``log W = sum_t (lp_1 - lp_2)``,
+   which a true ``log W`` of 0 makes pure rounding noise (docs/benchmarks.md, section 6 has the CPU proxy). In a
+   TRL run the same number is ``offpolicy/log_weight/std`` on the fresh steps (``reuse/staleness_max == 0``).
 
 Run on a GPU machine (prints a table last, writes ``$OUT/gpu_qwen3_step.json`` or ``--out``):
 
@@ -151,6 +157,46 @@ def bench_model(name, config_kwargs, batch, prompt_len, completion_len, steps, d
     return result
 
 
+def bench_logw_noise(name, config_kwargs, batch, prompt_len, completion_len, device):
+    """log W of fresh rollouts (true value 0) from two bf16 forwards that differ only in batch shape, per lm_head."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(**{**COMMON, **config_kwargs})
+    config._attn_implementation = "sdpa"
+    with torch.device(device):
+        model = Qwen3ForCausalLM(config).to(torch.bfloat16).eval()
+    ids = torch.randint(0, config.vocab_size, (batch, prompt_len + completion_len), device=device)
+    weight = model.lm_head.weight
+
+    @torch.no_grad()
+    def scores(rows, head):
+        hidden = model.model(input_ids=rows).last_hidden_state[:, prompt_len - 1 : -1]
+        targets = rows[:, prompt_len:]
+        out = []
+        for h, t in zip(hidden, targets):  # row by row, as TRL's selective_log_softmax loops for bf16
+            if head == "fp32":
+                logits = h.float() @ weight.float().T
+                out.append(logits.gather(-1, t[:, None]).squeeze(-1) - torch.logsumexp(logits, -1))
+            else:
+                logp = torch.log_softmax(h @ weight.T, -1)  # bf16 logits and log-softmax
+                out.append(logp.gather(-1, t[:, None]).squeeze(-1).float())
+        return torch.stack(out)
+
+    result = {"model": name, "batch": batch, "prompt_len": prompt_len, "completion_len": completion_len}
+    for head in ("bf16", "fp32"):
+        together = scores(ids, head)
+        alone = torch.cat([scores(ids[i : i + 1], head) for i in range(batch)])
+        diff = (together - alone).double()
+        log_w = diff.sum(-1)
+        result[head] = {
+            "log_w_sd": log_w.std().item() if batch > 1 else None, "log_w_abs_max": log_w.abs().max().item(),
+            "per_token_sd": diff.std().item(), "tokens_changed": (diff != 0).double().mean().item(),
+        }  # fmt: skip
+    del model
+    return result
+
+
 def bench_kernel(length, batch, repeats, device):
     gen = torch.Generator(device=device).manual_seed(length)
     logps0 = -torch.rand(batch, length, device=device, generator=gen) * 3
@@ -222,6 +268,7 @@ def main():
         "smoke": args.smoke,
         "kernel": [],
         "model": [],
+        "logw_noise": [],
         "errors": [],
     }
     try:
@@ -249,6 +296,18 @@ def main():
         plans = [(m, QWEN3[m], batch_for[m], 512, 4096, 4, False) for m in args.models.split(",")]
         plans.append(("Qwen3-0.6B@32K", QWEN3["Qwen3-0.6B"], 1, 512, 32768, 3, False))
         plans.append(("Qwen3-30B-A3B (4 of 48 layers)", {**QWEN3_MOE_30B_A3B, "num_hidden_layers": 4}, 2, 512, 4096, 3, True))
+    noise_plans = ([("Qwen3-tiny", plans[0][1], 4, 8, 64)] if args.smoke else
+                   [("Qwen3-1.7B", QWEN3["Qwen3-1.7B"], 8, 512, 8192), ("Qwen3-1.7B", QWEN3["Qwen3-1.7B"], 4, 512, 15360)])
+    for name, kwargs, batch, prompt_len, completion_len in noise_plans:  # first: the cheapest answer to the risk
+        try:
+            report["logw_noise"].append(bench_logw_noise(name, kwargs, batch, prompt_len, completion_len, device))
+            print("logw_noise", json.dumps(report["logw_noise"][-1]), flush=True)
+        except Exception as error:
+            report["errors"].append({"model": f"logw_noise {name}", "error": repr(error),
+                                     "trace": traceback.format_exc()[-2000:]})  # fmt: skip
+        save()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     for name, kwargs, batch, prompt_len, completion_len, steps, moe in plans:
         try:
             result = bench_model(name, kwargs, batch, prompt_len, completion_len, steps, device, moe=moe)
@@ -271,6 +330,11 @@ def main():
     for m in report["model"]:
         shape = f"{m['batch']} x ({m['prompt_len']}+{m['completion_len']})"
         print(f"{m['model']:<32} {shape:>16} {m['step_s_respo']:8.3f} {m['step_s_dapo']:8.3f} {m['respo_over_dapo']:6.3f} {m['tokens_per_s_respo']:9.0f} {m['peak_mem_gib']:9.1f}")
+    print("\nlog W of fresh rollouts (true 0): batch of B vs row by row, bf16 model; sd over rows by lm_head precision")
+    for r in report["logw_noise"]:
+        print(f"{r['model']:<14} {r['batch']} x {r['completion_len']:<6} bf16 head sd {r['bf16']['log_w_sd']}  "
+              f"fp32 head sd {r['fp32']['log_w_sd']}  (tokens changed {r['bf16']['tokens_changed']:.3f} / "
+              f"{r['fp32']['tokens_changed']:.3f})")  # fmt: skip
     for e in report["errors"]:
         print("ERROR", e["model"], e["error"])
     print(f"\nwrote {path}")

@@ -110,12 +110,14 @@ def markdown(result: dict) -> str:
     ]
     for m in result["measurements"]:
         for path in m["paths"].values():
-            w = path["windows"].get(256) or path["windows"][max(path["windows"])]
+            windows = {int(k): v for k, v in path["windows"].items()}  # JSON keys are strings
+            w = windows.get(256) or windows[max(windows)]
+            log_w_sd = {int(k): v for k, v in path["log_w_sd"].items()}
             lines.append(
                 f"| {m['logit_scale']:g} | {m['entropy_per_token']:.2f} | {m['top_token_probability']:.2f} "
                 f"| {path['head']} | {path['scenario']} | {100 * path['nonzero_share']:.1f}% "
                 f"| {path['per_token_sd']:.2e} | {w['sd']:.3g} ({w['sqrt_T_prediction']:.3g}) | "
-                + " / ".join(f"{path['log_w_sd'][T]:.3g}" for T in LENGTHS) + " |"
+                + " / ".join(f"{log_w_sd[T]:.3g}" for T in LENGTHS) + " |"
             )
     return "\n".join(lines)
 

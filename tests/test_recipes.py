@@ -714,3 +714,17 @@ def test_the_script_itself_prints_one_line_without_a_traceback(tmp_path):
                             text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == "error: unknown option --learning_rte (did you mean --learning_rate?); see --help"
+
+
+def test_long_response_presets_compute_the_lm_head_in_fp32(recipe):
+    """ReSPO's log W sums token log-ratios over the response: bf16 logits add rounding noise that grows with length
+    (docs/benchmarks.md, section 6), so every preset with responses of 4K tokens or more casts the lm_head to fp32."""
+    import yaml
+
+    long_presets = []
+    for preset in recipe.available_presets():
+        config = yaml.safe_load((ROOT / "recipes" / "configs" / f"{preset}.yaml").read_text())
+        if config.get("max_completion_length", 0) >= 4096:
+            long_presets.append(preset)
+            assert config.get("cast_lm_head_to_fp32") is True, preset
+    assert len(long_presets) == 8
