@@ -21,7 +21,7 @@ Per-token differences are independent across positions here, so the noise of a s
 windows of up to 256 tokens and reported as ``sqrt(T)`` times the per-token standard deviation for ``T`` up to 15,360
 (the paper's 1.7B response cap); the window measurements check the ``sqrt(T)`` scaling.
 
-    python benchmarks/logw_precision.py                 # ~6 min on one core; docs/benchmarks/logw_precision.json
+    python benchmarks/logw_precision.py                 # ~6-11 min on one core; docs/benchmarks/logw_precision.json
     python benchmarks/logw_precision.py --tokens 256    # a smoke run (the test suite)
 """
 

@@ -121,6 +121,7 @@ DEFAULTS = dict(
     prompt_template="{problem}",
 )
 LENGTH_BINS = 30  # the paper reports accuracy in 30 response-length bins
+MIN_BIN_SAMPLES = 5  # the length-bin plot joins only bins with at least this many samples
 
 
 @dataclass
@@ -553,17 +554,23 @@ def plot_length_bins(report: dict, path: str) -> str:
     counts.set_ylabel("samples in bin")
     ax.set_zorder(counts.get_zorder() + 1)
     ax.patch.set_visible(False)
+    # A bin with a handful of samples has an accuracy of 0% or 100% by chance: the lines join only bins with at least
+    # MIN_BIN_SAMPLES samples, and the sparse ones are drawn as hollow points (0.2 drew 1-sample bins as drops to 0%).
+    def dense(per):
+        return [((r["lo"] + r["hi"]) / 2, 100 * r["accuracy"]) for r in per
+                if r["accuracy"] is not None and r["samples"] >= MIN_BIN_SAMPLES]  # fmt: skip
+
     for label, per in bins["by_benchmark"].items():
-        ax.plot(
-            [(r["lo"] + r["hi"]) / 2 for r in per if r["accuracy"] is not None],
-            [100 * r["accuracy"] for r in per if r["accuracy"] is not None],
-            lw=0.8, alpha=0.6, label=label,
-        )  # fmt: skip
-    ax.plot(
-        [c for c, r in zip(centers, rows) if r["accuracy"] is not None],
-        [100 * r["accuracy"] for r in rows if r["accuracy"] is not None],
-        "o-", color="black", lw=2, ms=4, label="all benchmarks",
-    )  # fmt: skip
+        points = dense(per)
+        if points:
+            ax.plot(*zip(*points), lw=0.8, alpha=0.6, label=label)
+    points = dense(rows)
+    if points:
+        ax.plot(*zip(*points), "o-", color="black", lw=2, ms=4, label="all benchmarks")
+    sparse = [((r["lo"] + r["hi"]) / 2, 100 * r["accuracy"]) for r in rows
+              if r["accuracy"] is not None and r["samples"] < MIN_BIN_SAMPLES]  # fmt: skip
+    if sparse:
+        ax.plot(*zip(*sparse), "o", mfc="white", color="black", ms=4, label=f"bins with < {MIN_BIN_SAMPLES} samples")
     ax.set_xlim(0, bins["max_new_tokens"])
     ax.set_ylim(-2, 102)
     ax.set_xlabel(f"response length (tokens), {bins['bins']} equal-width bins")
