@@ -495,9 +495,7 @@ def run_defaults(model: str) -> dict:
         out["benchmarks"] = [script["eval_dataset_name"]]
     elif task.startswith("builtin:"):  # the run's own held-out split, regenerated exactly (same generator and seed)
         out["benchmarks"] = [str(Path(model) / "heldout.jsonl")]
-        out["builtin_heldout"] = {k: script.get(k) for k in (
-            "task_min_terms", "task_max_terms", "task_max_operand", "task_operators", "task_nuisance", "task_seed",
-            "heldout_size")}  # fmt: skip
+        out["builtin_heldout"] = script  # the task_* settings, task_seed and heldout_size
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -505,11 +503,7 @@ def write_builtin_heldout(path: str, settings: dict) -> None:
     """The built-in task's held-out split as the run measured it, as a MATH-500-schema JSONL file."""
     from respo_trl.demo.tasks import ArithmeticTask
 
-    task = ArithmeticTask(
-        min_terms=settings["task_min_terms"], max_terms=settings["task_max_terms"],
-        max_operand=settings["task_max_operand"], operators=settings["task_operators"],
-        nuisance=bool(settings.get("task_nuisance")),
-    )  # fmt: skip
+    task = ArithmeticTask.from_settings(settings)
     task.write_jsonl(path, "test", settings.get("heldout_size") or 500, settings.get("task_seed") or 0)
 
 

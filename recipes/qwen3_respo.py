@@ -51,7 +51,6 @@ traceback. Ctrl-C says how to resume.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -64,7 +63,7 @@ if __package__ in (None, "") and str(RECIPES_DIR.parent) not in sys.path:
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from respo_trl import recipe as support  # noqa: E402
-from respo_trl.recipe import (  # noqa: E402  (re-exported: tests and benchmarks call them through this script)
+from respo_trl.recipe import (  # noqa: E402, F401  (also re-exported: tests and benchmarks call them here)
     RecipeArguments,
     RecipeError,
     batch_plan,

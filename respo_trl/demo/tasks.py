@@ -77,6 +77,18 @@ class ArithmeticTask:
                     f"got min_terms={self.min_terms}"
                 )
 
+    @classmethod
+    def from_settings(cls, settings) -> "ArithmeticTask":
+        """The task a recipe run trained on, from its ``task_*`` settings: the recipe's ``RecipeArguments`` or the
+        ``args.script`` mapping of its ``report.json`` (so an evaluation regenerates exactly the run's held-out set)."""
+        get = settings.get if isinstance(settings, dict) else lambda key, default=None: getattr(settings, key, default)
+        return cls(
+            min_terms=get("task_min_terms", 3), max_terms=get("task_max_terms", 5),
+            max_operand=get("task_max_operand", 9), operators=get("task_operators", "+-"),
+            scratchpad=get("task_scratchpad", True), teacher_error_rate=get("task_teacher_error_rate", 0.0) or 0.0,
+            nuisance=bool(get("task_nuisance", False)),
+        )  # fmt: skip
+
     # -- one problem ---------------------------------------------------------------------------------------------
 
     def split_of(self, expression: str) -> str:

@@ -34,6 +34,18 @@ def sft_examples(tokenizer, prompts: Sequence, completions: Sequence[str]) -> li
     return out
 
 
+def left_padded(tokenizer, prompts) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of ``prompts`` tokenised as TRL does, left-padded for batched generation."""
+    chunk = [_prompt_ids(tokenizer, p) for p in prompts]
+    width = max(len(ids) for ids in chunk)
+    input_ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
+    attention = torch.zeros((len(chunk), width), dtype=torch.long)
+    for row, ids in enumerate(chunk):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        attention[row, width - len(ids) :] = 1
+    return input_ids, attention
+
+
 def _collate(examples, pad_id: int):
     width = max(len(p) + len(c) for p, c in examples)
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
@@ -119,13 +131,8 @@ def generate(
     torch.manual_seed(seed)
     try:
         for start in range(0, len(prompts), batch_size):
-            chunk = [_prompt_ids(tokenizer, p) for p in prompts[start : start + batch_size]]
-            width = max(len(ids) for ids in chunk)
-            input_ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
-            attention = torch.zeros((len(chunk), width), dtype=torch.long)
-            for row, ids in enumerate(chunk):
-                input_ids[row, width - len(ids) :] = torch.tensor(ids)
-                attention[row, width - len(ids) :] = 1
+            input_ids, attention = left_padded(tokenizer, prompts[start : start + batch_size])
+            width = input_ids.shape[1]
             kwargs = {"do_sample": do_sample, "max_new_tokens": max_new_tokens}
             kwargs.update(temperature=temperature, top_p=1.0, top_k=0) if do_sample else kwargs.update(
                 temperature=None, top_p=None, top_k=None
@@ -186,13 +193,8 @@ def sampling_profile(
     torch.manual_seed(seed)
     try:
         for start in range(0, len(repeated), batch_size):
-            chunk = [_prompt_ids(tokenizer, p) for p in repeated[start : start + batch_size]]
-            width = max(len(ids) for ids in chunk)
-            input_ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
-            attention = torch.zeros((len(chunk), width), dtype=torch.long)
-            for row, ids in enumerate(chunk):
-                input_ids[row, width - len(ids) :] = torch.tensor(ids)
-                attention[row, width - len(ids) :] = 1
+            input_ids, attention = left_padded(tokenizer, repeated[start : start + batch_size])
+            width = input_ids.shape[1]
             output = model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention.to(device), do_sample=True,
                 temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens,

@@ -80,26 +80,30 @@ def load_split(name: str, config: str | None, split: str, prompt_column: str, an
     return dataset
 
 
+def as_chat_rows(raw, prompt_column: str, answer_column: str, script_args: RecipeArguments, keep=frozenset()):
+    """Rows of ``raw`` as a chat ``prompt`` (the recipe's system prompt, template and DAPO stripping) and a string
+    ``solution``; the columns in ``keep`` stay, every other one goes."""
+    system, template, strip = script_args.system_prompt, script_args.prompt_template, script_args.strip_dapo_instruction
+    return raw.map(
+        lambda row: {
+            "prompt": to_conversation(row[prompt_column], system, template, strip),
+            "solution": str(row[answer_column]),
+        },
+        remove_columns=[c for c in raw.column_names if c not in keep],
+    )
+
+
 def build_datasets(script_args: RecipeArguments):
     """(train, held-out) datasets with a conversational ``prompt`` and the answer in ``solution``."""
     from datasets import Dataset
 
-    system = script_args.system_prompt
-    template, strip = script_args.prompt_template, script_args.strip_dapo_instruction
+    system, template = script_args.system_prompt, script_args.prompt_template
     if "{problem}" not in template:
         raise RecipeError(f"prompt_template {template!r} has no {{problem}} placeholder")
     if script_args.dataset_name.startswith(BUILTIN_PREFIX):
         from respo_trl.demo.tasks import ArithmeticTask
 
-        task = ArithmeticTask(
-            min_terms=script_args.task_min_terms,
-            max_terms=script_args.task_max_terms,
-            max_operand=script_args.task_max_operand,
-            scratchpad=script_args.task_scratchpad,
-            operators=script_args.task_operators,
-            teacher_error_rate=script_args.task_teacher_error_rate,
-            nuisance=script_args.task_nuisance,
-        )
+        task = ArithmeticTask.from_settings(script_args)
         train = task.rows("train", script_args.train_size, seed=script_args.task_seed)
         heldout = task.rows("test", script_args.heldout_size or 500, seed=script_args.task_seed)
         for rows in (train, heldout):
@@ -116,14 +120,8 @@ def build_datasets(script_args: RecipeArguments):
         )
         if script_args.max_train_samples:
             raw = raw.select(range(min(script_args.max_train_samples, len(raw))))
-        keep = {"completion"} & set(raw.column_names)  # a reference completion enables --warmstart_steps
-        train = raw.map(
-            lambda row: {
-                "prompt": to_conversation(row[script_args.prompt_column], system, template, strip),
-                "solution": str(row[script_args.answer_column]),
-            },
-            remove_columns=[c for c in raw.column_names if c not in keep],
-        )
+        # a reference completion enables --warmstart_steps
+        train = as_chat_rows(raw, script_args.prompt_column, script_args.answer_column, script_args, keep={"completion"})
         heldout = None
     if script_args.eval_dataset_name:
         raw = load_split(
@@ -136,11 +134,5 @@ def build_datasets(script_args: RecipeArguments):
         )
         if script_args.heldout_size:
             raw = raw.select(range(min(script_args.heldout_size, len(raw))))
-        heldout = raw.map(
-            lambda row: {
-                "prompt": to_conversation(row[script_args.eval_prompt_column], system, template, strip),
-                "solution": str(row[script_args.eval_answer_column]),
-            },
-            remove_columns=raw.column_names,
-        )
+        heldout = as_chat_rows(raw, script_args.eval_prompt_column, script_args.eval_answer_column, script_args)
     return train, heldout
