@@ -273,6 +273,6 @@ def test_cli_writes_json_and_figures(lab, tmp_path):
     assert data["kernels"]["respo"]["overrides"] == {"respo_trust_mask": False}  # the label's own override wins
     assert data["config"]["settings"] == ["R=1", "R=2", "N=2"]
     assert set(data["regimes"]["moderate"]["results"]) == {"ppo_clip", "respo", "respo_mean"}
-    assert data["command"].startswith("PYTHONPATH=. python benchmarks/starvation_lab.py --quick")
+    assert data["command"].startswith("python benchmarks/starvation_lab.py --quick")
     for name in ("reward_curves.png", "throughput.png", "phi_by_sign.png", "positive_branch.png"):
         assert (tmp_path / name).stat().st_size > 10_000
