@@ -1,0 +1,138 @@
+"""respo_trl.diagnostics on hand-built batches: every logged number recomputed by hand, edge cases included.
+
+The batch has what a real micro-batch can have and the trainer tests rarely combine: unequal lengths (one of a single
+token), a sequence with no loss token, one the sampler correction dropped whole, a kept sequence with a sampler ratio
+that is not 1, an advantage of exactly 0, non-default kernel constants and per-token advantages. Each assertion names
+the bug it catches. (Mutation testing of diagnostics.py found these gaps: docs/testing.md.)
+"""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from respo_trl import kernels as K
+from respo_trl.diagnostics import LOW_WEIGHT_SUMS, pooled_low_weight, sequence_stats, summarize
+
+# rows: 0 long positive (low W), 1 short positive, 2 one-token negative, 3 positive with no loss token,
+#       4 negative dropped by the sampler, 5 advantage exactly 0, 6 positive with sampler ratio 0.5
+LENGTHS = [6, 3, 1, 0, 4, 5, 4]
+ADV = torch.tensor([1.0, 0.5, -1.0, 2.0, -0.5, 0.0, 0.7])
+
+
+def batch(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    width = max(LENGTHS)
+    mask = (torch.arange(width)[None, :] < torch.tensor(LENGTHS)[:, None]).float()
+    log_ratio = 0.4 * torch.randn(len(LENGTHS), width, generator=gen)
+    log_ratio[0, :6] = -0.3  # log W = -1.8: a low-weight positive
+    ratio = torch.ones(len(LENGTHS), 1)
+    ratio[4] = 0.0  # sequence_mask dropped it
+    ratio[6] = 0.5  # kept, its sampler correction moves W
+    return log_ratio, mask, ratio
+
+
+def test_every_metric_by_hand():
+    log_ratio, mask, ratio = batch()
+    params = K.LossParams(respo_beta_pos=0.25, respo_lambda_neg=1.0, vespo_k_pos=1.5)  # not the defaults
+    table = sequence_stats(log_ratio, ADV, mask, params, "respo", sampler_ratio=ratio)
+    m = summarize(table)
+
+    kept = mask.bool() & (ratio > 0)
+    log_c = torch.where(ratio > 0, torch.log(ratio.clamp(min=1e-30)), 0.0)
+    log_w = ((log_ratio * kept).sum(-1) + log_c.squeeze(-1)).clamp(-20, 20)
+    assert log_w[6] == pytest.approx((log_ratio[6, :4]).sum().item() + math.log(0.5), abs=1e-5)  # correction in W
+    phi = K.respo_kernel(log_w, ADV, **params.respo_constants())  # the config's constants, not the paper's
+    c = K.gradient_coefficients("respo", log_ratio, ADV, mask, params, sampler_ratio=ratio) * mask
+    lengths = mask.sum(-1)
+    valid = lengths > 0  # row 3 has no loss token: left out everywhere
+    has_w = valid & kept.any(-1)  # row 4 was dropped by the sampler: no W
+    cbar = c.sum(-1) / lengths.clamp(min=1)
+
+    for sign, sel in (("pos", valid & (ADV > 0)), ("neg", valid & (ADV < 0))):  # A = 0 is neither
+        w = ADV[sel].abs()
+        assert m[f"starvation/grad_throughput/{sign}"] == pytest.approx(
+            ((w * c[sel].sum(-1)).sum() / (w * lengths[sel]).sum()).item(), rel=1e-5)  # fmt: skip
+        assert m[f"starvation/starved_frac/{sign}"] == pytest.approx((cbar[sel] < 0.1).float().mean().item())
+        phi_sel = has_w & (ADV > 0 if sign == "pos" else ADV < 0)
+        assert m[f"respo/phi_mean/{sign}"] == pytest.approx(phi[phi_sel].mean().item(), rel=1e-5)
+    # the clipped counterfactual is token-level PPO on the same batch, times the sampler ratio as TRL applies it
+    clip = K.gradient_coefficients("ppo", log_ratio, ADV, mask, params, sampler_ratio=ratio) * mask
+    sel = valid & (ADV < 0)
+    assert m["starvation/clip_grad_throughput/neg"] == pytest.approx(
+        ((ADV[sel].abs() * clip[sel].sum(-1)).sum() / (ADV[sel].abs() * lengths[sel]).sum()).item(), rel=1e-5)  # fmt: skip
+
+    # positive-branch diagnostic: positives with W (rows 0, 1, 6), low = log W < -1 (row 0)
+    pos = has_w & (ADV > 0)
+    low = pos & (log_w < -1)
+    assert (m["starvation/low_weight_pos/n"], m["starvation/low_weight_pos/n_low"]) == (pos.sum().item(), 1.0)
+    assert m["starvation/low_weight_pos/mass"] == pytest.approx(cbar[pos].sum().item(), rel=1e-5)  # mean coefficient
+    assert m["starvation/low_weight_pos/mass_low"] == pytest.approx(cbar[low].sum().item(), rel=1e-5)
+    assert m["starvation/low_weight_pos/respo_mass_low"] == pytest.approx(phi[low].sum().item(), rel=1e-5)
+    vespo = K.vespo_phi(log_ratio, ADV, kept, params, ratio).reshape(-1)
+    assert m["starvation/low_weight_pos/vespo_mass"] == pytest.approx(vespo[pos].sum().item(), rel=1e-5)
+    assert m["starvation/low_weight_pos/vespo_mass"] != pytest.approx(m["starvation/low_weight_pos/respo_mass"])
+    assert m["starvation/low_weight_pos/share"] == pytest.approx(1 / 3)
+    assert m["starvation/pos_length_mean"] == pytest.approx(lengths[pos].mean().item())
+
+    tokens = lengths[valid].sum()
+    assert m["starvation/zero_coef_token_frac"] == pytest.approx((((c == 0) & mask.bool()).sum() / tokens).item())
+    rho = log_ratio[has_w][kept[has_w]]
+    assert m["offpolicy/kl"] == pytest.approx((torch.expm1(rho) - rho).mean().item(), rel=1e-5)  # k3, kept tokens
+    assert m["offpolicy/log_weight/mean"] == pytest.approx(log_w[has_w].mean().item(), rel=1e-5)
+    assert m["offpolicy/log_weight/std"] == pytest.approx(log_w[has_w].std().item(), rel=1e-5)
+    assert m["offpolicy/log_weight/min"] == pytest.approx(log_w[has_w].min().item())
+    assert m["offpolicy/log_weight/max"] == pytest.approx(log_w[has_w].max().item())
+    assert m["offpolicy/ess"] == pytest.approx(K.kish_ess(log_w[has_w]).item(), rel=1e-5)
+    assert m["respo/trust_masked_frac"] == 0.0  # no mask in this config
+
+
+def test_trust_mask_share_is_respos_only_and_the_clipped_counterfactual_is_token_level():
+    log_ratio, mask, _ = batch(1)
+    params = K.LossParams(respo_trust_mask=True, importance_sampling_level="sequence", epsilon_low=3e-4,
+                          epsilon_high=4e-4, trust_epsilon_low=0.2, trust_epsilon_high=0.2)  # fmt: skip
+    respo = summarize(sequence_stats(log_ratio, ADV, mask, params, "respo"))
+    dapo = summarize(sequence_stats(log_ratio, ADV, mask, params, "ppo"))  # a baseline whose config reuses samples
+    stopped = (K.directional_trust_mask(log_ratio, ADV, mask, 0.2, 0.2) == 0) & mask.bool()
+    assert stopped.any() and respo["respo/trust_masked_frac"] == pytest.approx((stopped.sum() / mask.sum()).item())
+    assert dapo["respo/trust_masked_frac"] == 0.0  # the mask is ReSPO's: a TRL loss never reports it
+    token = dataclasses.replace(params, importance_sampling_level="token")
+    clip = K.gradient_coefficients("ppo", log_ratio, ADV, mask, token) * mask
+    sel = (mask.sum(-1) > 0) & (ADV > 0)
+    expected = (ADV[sel] * clip[sel].sum(-1)).sum() / (ADV[sel] * mask.sum(-1)[sel]).sum()
+    assert respo["starvation/clip_grad_throughput/pos"] == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_per_token_advantages_are_summarised_by_their_masked_mean():
+    log_ratio, mask, _ = batch(2)
+    per_token = ADV[:, None] * (1 + torch.arange(mask.shape[1]))[None, :] * mask  # varies along the sequence
+    table = sequence_stats(log_ratio, per_token, mask, K.LossParams(), "ppo")
+    expected = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    torch.testing.assert_close(table[:, 2], expected)  # the advantage column
+
+
+def test_empty_groups_are_nan_not_zero_or_an_error():
+    mask = torch.ones(1, 4)
+    m = summarize(sequence_stats(torch.zeros(1, 4), torch.tensor([-1.0]), mask, K.LossParams(), "respo"))
+    assert math.isnan(m["starvation/grad_throughput/pos"]) and math.isnan(m["respo/phi_mean/pos"])
+    assert math.isnan(m["starvation/low_weight_pos/share"]) and m["starvation/low_weight_pos/n"] == 0.0
+    assert math.isnan(m["offpolicy/log_weight/std"])  # one weight has no spread
+    assert m["offpolicy/log_weight/min"] == m["offpolicy/log_weight/max"] == 0.0
+    empty = summarize(sequence_stats(torch.zeros(1, 4), torch.tensor([1.0]), torch.zeros(1, 4), K.LossParams(), "respo"))
+    for key in ("offpolicy/log_weight/mean", "offpolicy/log_weight/min", "offpolicy/ess", "offpolicy/kl",
+                "starvation/zero_coef_token_frac", "starvation/pos_length_mean"):  # fmt: skip
+        assert math.isnan(empty[key]), key
+
+
+def test_pooled_ratios_from_sums_and_missing_parts():
+    sums = {"n": 10.0, "n_low": 2.0, "mass": 8.0, "mass_low": 4.0, "respo_mass": 12.0, "respo_mass_low": 3.0}
+    out = pooled_low_weight(sums)
+    assert out["share"] == 0.2 and out["mass_share"] == 0.5 and out["mass_ratio"] == pytest.approx(2.5)
+    assert out["respo_mass_share"] == 0.25 and out["respo_mass_ratio"] == pytest.approx(1.25)
+    assert math.isnan(out["vespo_mass_share"])  # no VESPO sums: undefined, not 0
+    none = pooled_low_weight({})
+    assert all(math.isnan(v) for v in none.values())
+    no_low = pooled_low_weight({"n": 4.0, "n_low": 0.0, "mass": 4.0, "mass_low": 0.0})
+    assert no_low["share"] == 0.0 and no_low["mass_share"] == 0.0 and math.isnan(no_low["mass_ratio"])
+    assert set(LOW_WEIGHT_SUMS) >= {"n", "n_low", "mass", "mass_low", "respo_mass", "vespo_mass_low"}
