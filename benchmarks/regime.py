@@ -70,6 +70,13 @@ SETTINGS = {
                       "args": [*_CHAINS, "--task_min_terms", "16", "--task_max_terms", "20",
                                "--task_teacher_error_rate", "0.15", "--task_nuisance", "true",
                                "--max_completion_length", "360"]},
+    # nuisance without the operand swap (separators and notes, ~2 nats per step): with the swap the warm-started model
+    # was right on 2.1% of prompts (it loses track of the terms), not the 10-15% the regime asks for. Added to the map
+    # after the warm-start profiles and before any of its gate numbers (docs/benchmarks.md, section 5.1).
+    "long-notes": {"terms": (16, 20), "nuisance": "notes", "teacher_error": 0.22, "max_completion_length": 360,
+                   "args": [*_CHAINS, "--task_min_terms", "16", "--task_max_terms", "20",
+                            "--task_teacher_error_rate", "0.22", "--task_nuisance", "true", "--task_nuisance_swap",
+                            "false", "--max_completion_length", "360"]},
     # ~11 carries: 10% forgotten keeps the teacher at ~30%, as 15% does over 16-20 terms
     "longer-nuisance": {"terms": (24, 28), "nuisance": True, "teacher_error": 0.1, "max_completion_length": 400,
                         "args": [*_CHAINS, "--task_min_terms", "24", "--task_max_terms", "28",
@@ -77,8 +84,10 @@ SETTINGS = {
                                  "--max_completion_length", "400"]},
 }  # fmt: skip
 # The regime map: (setting, learning rate). The comparison takes the first of GATE_ORDER that passes.
-GATE_RUNS = [("short", 1e-4), ("long", 1e-4), ("long-nuisance", 1e-4), ("longer-nuisance", 1e-4), ("long-nuisance", 3e-5)]
-GATE_ORDER = [("long-nuisance", 1e-4), ("long", 1e-4), ("longer-nuisance", 1e-4), ("long-nuisance", 3e-5), ("short", 1e-4)]
+GATE_RUNS = [("short", 1e-4), ("long", 1e-4), ("long-nuisance", 1e-4), ("longer-nuisance", 1e-4), ("long-nuisance", 3e-5),
+             ("long-notes", 1e-4)]  # fmt: skip
+GATE_ORDER = [("long-notes", 1e-4), ("long-nuisance", 1e-4), ("long", 1e-4), ("longer-nuisance", 1e-4),
+              ("long-nuisance", 3e-5), ("short", 1e-4)]  # fmt: skip
 GATE_BAND = (0.15, 0.30)  # share of positives with log W < -1 over the first half (the paper: 22.8%)
 STALENESS_BINS = ((0, 7), (8, 15), (16, 23), (24, 31))
 
@@ -688,7 +697,8 @@ def markdown(summary: dict) -> str:
         bins = " / ".join(_p(b["share"]) for b in r["low_weight_by_staleness"]["bins"].values())
         kl = r["per_update_kl"]
         lines.append(
-            f"| {r['setting']} | {r['lr']:g} | {r['terms'][0]}-{r['terms'][1]} | {'yes' if r['nuisance'] else 'no'} "
+            f"| {r['setting']} | {r['lr']:g} | {r['terms'][0]}-{r['terms'][1]} "
+            f"| {'notes' if r['nuisance'] == 'notes' else 'yes' if r['nuisance'] else 'no'} "
             f"| {r['teacher_error']:g} | {_p(t1.get('accuracy'))}% | {_p(t1.get('entropy_per_token'), 1, 3)} "
             f"| {_p(t1.get('entropy_per_response'), 1, 1)} | {_p(t1.get('mean_length'), 1, 0)} | {r['positives']:.0f} "
             f"| {_p(r['low_weight_share'])}% | {bins} | {_p(r['log_w_mean_k16'], 1, 2)} "

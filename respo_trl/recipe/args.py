@@ -138,6 +138,13 @@ class RecipeArguments:
             "(needs task_operators='+'; the regime benchmark's task, docs/benchmarks.md section 5)."
         },
     )
+    task_nuisance_swap: bool = field(
+        default=True,
+        metadata={
+            "help": "Built-in task with task_nuisance: whether the operand order is one of the free choices (False: "
+            "separators and notes only, the running sum first; a tiny model loses track of the terms otherwise)."
+        },
+    )
     task_scratchpad: bool = field(
         default=True,
         metadata={"help": "Built-in task: reference completions show the partial results before the boxed answer."},
