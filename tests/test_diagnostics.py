@@ -15,9 +15,9 @@ import torch
 from respo_trl import kernels as K
 from respo_trl.diagnostics import LOW_WEIGHT_SUMS, pooled_low_weight, sequence_stats, summarize
 
-# rows: 0 long positive (low W), 1 short positive, 2 one-token negative, 3 positive with no loss token,
+# rows: 0 long positive (low W), 1 one-token positive, 2 three-token negative, 3 positive with no loss token,
 #       4 negative dropped by the sampler, 5 advantage exactly 0, 6 positive with sampler ratio 0.5
-LENGTHS = [6, 3, 1, 0, 4, 5, 4]
+LENGTHS = [6, 1, 3, 0, 4, 5, 4]
 ADV = torch.tensor([1.0, 0.5, -1.0, 2.0, -0.5, 0.0, 0.7])
 
 
@@ -50,15 +50,17 @@ def test_every_metric_by_hand():
     has_w = valid & kept.any(-1)  # row 4 was dropped by the sampler: no W
     cbar = c.sum(-1) / lengths.clamp(min=1)
 
+    clip = K.gradient_coefficients("ppo", log_ratio, ADV, mask, params, sampler_ratio=ratio) * mask
+    clip_bar = clip.sum(-1) / lengths.clamp(min=1)
     for sign, sel in (("pos", valid & (ADV > 0)), ("neg", valid & (ADV < 0))):  # A = 0 is neither
         w = ADV[sel].abs()
         assert m[f"starvation/grad_throughput/{sign}"] == pytest.approx(
             ((w * c[sel].sum(-1)).sum() / (w * lengths[sel]).sum()).item(), rel=1e-5)  # fmt: skip
         assert m[f"starvation/starved_frac/{sign}"] == pytest.approx((cbar[sel] < 0.1).float().mean().item())
+        assert m[f"starvation/clip_starved_frac/{sign}"] == pytest.approx((clip_bar[sel] < 0.1).float().mean().item())
         phi_sel = has_w & (ADV > 0 if sign == "pos" else ADV < 0)
         assert m[f"respo/phi_mean/{sign}"] == pytest.approx(phi[phi_sel].mean().item(), rel=1e-5)
     # the clipped counterfactual is token-level PPO on the same batch, times the sampler ratio as TRL applies it
-    clip = K.gradient_coefficients("ppo", log_ratio, ADV, mask, params, sampler_ratio=ratio) * mask
     sel = valid & (ADV < 0)
     assert m["starvation/clip_grad_throughput/neg"] == pytest.approx(
         ((ADV[sel].abs() * clip[sel].sum(-1)).sum() / (ADV[sel].abs() * lengths[sel]).sum()).item(), rel=1e-5)  # fmt: skip
@@ -136,3 +138,52 @@ def test_pooled_ratios_from_sums_and_missing_parts():
     no_low = pooled_low_weight({"n": 4.0, "n_low": 0.0, "mass": 4.0, "mass_low": 0.0})
     assert no_low["share"] == 0.0 and no_low["mass_share"] == 0.0 and math.isnan(no_low["mass_ratio"])
     assert set(LOW_WEIGHT_SUMS) >= {"n", "n_low", "mass", "mass_low", "respo_mass", "vespo_mass_low"}
+
+
+def test_edge_values_of_the_positive_branch_and_the_throughput():
+    """log W exactly -1 is not low weight (the paper: log W < -1); a one-token positive's mean coefficient is its
+    coefficient; two weights have a spread; a starved positive under clipped PPO counts, an A = 0 response does not;
+    a throughput whose on-policy mass is below 1 is still a ratio."""
+    log_ratio = torch.tensor([[-1.0, 0.0, 0.0], [0.6, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
+    adv = torch.tensor([0.01, 0.02, 0.0])
+    m = summarize(sequence_stats(log_ratio, adv, mask, K.LossParams(), "ppo"))
+    assert m["starvation/low_weight_pos/n"] == 2.0 and m["starvation/low_weight_pos/n_low"] == 0.0  # -1 is not < -1
+    c = K.gradient_coefficients("ppo", log_ratio, adv, mask, K.LossParams()) * mask
+    assert c[1, 0] == 0  # r = e^0.6 > 1.2 with A > 0: clipped, the one-token positive is starved
+    assert m["starvation/starved_frac/pos"] == 0.5 and m["starvation/clip_starved_frac/pos"] == 0.5
+    expected = (0.01 * c[0].sum() + 0.02 * c[1].sum()) / (0.01 * 3 + 0.02 * 1)  # on-policy mass 0.05 < 1
+    assert m["starvation/grad_throughput/pos"] == pytest.approx(expected.item(), rel=1e-5)
+    assert m["starvation/low_weight_pos/mass"] == pytest.approx((c[0].sum() / 3 + c[1].sum()).item(), rel=1e-5)
+    two = summarize(sequence_stats(log_ratio[:2], adv[:2], mask[:2], K.LossParams(), "ppo"))
+    assert two["offpolicy/log_weight/std"] == pytest.approx(torch.tensor([-1.0, 0.6]).std().item())
+
+
+def test_per_token_advantages_on_two_token_rows():
+    log_ratio, mask = torch.zeros(3, 2), torch.ones(3, 2)
+    per_token = torch.tensor([[1.0, 3.0], [-1.0, -3.0], [2.0, 2.0]])
+    table = sequence_stats(log_ratio, per_token, mask, K.LossParams(), "ppo")
+    torch.testing.assert_close(table[:, 2], torch.tensor([2.0, -2.0, 2.0]))
+
+
+def test_pooled_ratios_with_parts_missing_or_small():
+    small = pooled_low_weight({"n": 1.0, "n_low": 1.0, "mass": 0.5, "mass_low": 0.5})
+    assert small["share"] == 1.0 and small["mass_share"] == 1.0 and small["mass_ratio"] == 1.0
+    partial = pooled_low_weight({"n": 4.0, "mass": 2.0})  # sums logged before any low-weight count exists
+    assert partial["share"] == 0.0 and partial["mass_share"] == 0.0
+    assert math.isnan(pooled_low_weight({"n": 0.0, "mass": 1.0, "mass_low": 1.0})["mass_share"])
+
+
+def test_positive_low_weight_stats_is_the_pooled_diagnostic_of_one_batch():
+    from respo_trl.diagnostics import positive_low_weight_stats
+
+    log_w = torch.tensor([-3.0, -0.5, 0.2, -2.0, -4.0])
+    coefficient = torch.tensor([1.3, 1.0, 0.8, 1.2, 0.7])
+    adv = torch.tensor([1.0, 1.0, 0.5, -1.0, 0.0])
+    valid = torch.tensor([True, True, True, True, False])
+    out = positive_low_weight_stats(log_w, coefficient, adv, valid)
+    assert out["share"] == pytest.approx(1 / 3) and out["mass_share"] == pytest.approx(1.3 / 3.1)
+    assert out["mass_ratio"] == pytest.approx((1.3 / 3.1) * 3)
+    assert positive_low_weight_stats(log_w, coefficient, adv, valid, threshold=-0.4)["share"] == pytest.approx(2 / 3)
+    assert math.isnan(positive_low_weight_stats(log_w, coefficient, -adv.abs() - 1)["share"])  # no positives
+    assert positive_low_weight_stats(log_w, coefficient, adv)["share"] == pytest.approx(1 / 3)  # A = 0 is no positive
