@@ -181,9 +181,23 @@ def test_positive_low_weight_stats_is_the_pooled_diagnostic_of_one_batch():
     coefficient = torch.tensor([1.3, 1.0, 0.8, 1.2, 0.7])
     adv = torch.tensor([1.0, 1.0, 0.5, -1.0, 0.0])
     valid = torch.tensor([True, True, True, True, False])
+    adv = adv.clone()
+    adv[4] = 1.0  # an invalid positive (no loss token): left out when valid is given
     out = positive_low_weight_stats(log_w, coefficient, adv, valid)
     assert out["share"] == pytest.approx(1 / 3) and out["mass_share"] == pytest.approx(1.3 / 3.1)
     assert out["mass_ratio"] == pytest.approx((1.3 / 3.1) * 3)
     assert positive_low_weight_stats(log_w, coefficient, adv, valid, threshold=-0.4)["share"] == pytest.approx(2 / 3)
     assert math.isnan(positive_low_weight_stats(log_w, coefficient, -adv.abs() - 1)["share"])  # no positives
+    assert positive_low_weight_stats(log_w, coefficient, adv)["share"] == pytest.approx(2 / 4)  # without valid: all
+    adv[4] = 0.0
     assert positive_low_weight_stats(log_w, coefficient, adv)["share"] == pytest.approx(1 / 3)  # A = 0 is no positive
+
+
+def test_a_partly_clipped_positive_is_starved_by_its_mean_coefficient():
+    """The mean coefficient divides by the length (0.05 here: starved), also for one-token rows (0.15: not starved)."""
+    log_ratio = torch.tensor([[1.0, 1.0, -1.9], [-1.9, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    m = summarize(sequence_stats(log_ratio, torch.tensor([1.0, 1.0]), mask, K.LossParams(), "ppo"))
+    c = K.gradient_coefficients("ppo", log_ratio, torch.tensor([1.0, 1.0]), mask, K.LossParams()) * mask
+    assert c[0].sum() / 3 < 0.1 < c[1, 0]  # r = e^-1.9 = 0.15 on the one unclipped token of each row
+    assert m["starvation/clip_starved_frac/pos"] == 0.5 and m["starvation/starved_frac/pos"] == 0.5
