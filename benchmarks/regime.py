@@ -491,22 +491,28 @@ def _interpolate_x(points: list[tuple[float, float]], y: float) -> float | None:
 
 
 def compare_specs(args, setting: str, lr: float) -> list[dict]:
+    """The comparison's runs, in the order that makes a partial result most useful: first the arms the decision rule
+    needs at 5 seeds, seed by seed (every finished seed is paired across them), then the 3-seed arms."""
+    arms = [a for a in ARMS if a in args.arms]
+
+    def seeds_of(arm):
+        return list(args.seeds) if args.seeds is not None else list(range(1 if args.smoke else ARMS[arm][2]))
+
+    primary = [a for a in arms if ARMS[a][2] >= RULE["seeds"]]
+    order = []
+    for group in (primary, [a for a in arms if a not in primary]):
+        for seed in sorted({s for arm in group for s in seeds_of(arm)}):
+            order += [(arm, seed) for arm in group if seed in seeds_of(arm)]
     specs = []
-    for seed_rank in range(max(args.seeds) + 1 if args.seeds else 5):
-        for arm in args.arms:
-            loss_args, n, n_seeds = ARMS[arm]
-            seed = seed_rank
-            if args.seeds is not None and seed not in args.seeds:
-                continue
-            if args.seeds is None and seed >= (1 if args.smoke else n_seeds):
-                continue
-            spec = base_spec(args, setting, seed)
-            if n == 1:
-                spec["N"] = 1
-            spec.update(name=f"{arm}-N{spec['N']}-seed{seed}", stage="compare", arm=arm, lr=lr, loss_args=loss_args,
-                        evaluate=True, runs_dir=str(Path(args.out, "arms")))  # fmt: skip
-            specs.append(spec)
-    return specs  # seed-major: every finished seed is paired across arms before the next seed starts
+    for arm, seed in order:
+        loss_args, n, _ = ARMS[arm]
+        spec = base_spec(args, setting, seed)
+        if n == 1:
+            spec["N"] = 1
+        spec.update(name=f"{arm}-N{spec['N']}-seed{seed}", stage="compare", arm=arm, lr=lr, loss_args=loss_args,
+                    evaluate=True, runs_dir=str(Path(args.out, "arms")))  # fmt: skip
+        specs.append(spec)
+    return specs
 
 
 # ---------------------------------------------------------------------------------------------------------------------
