@@ -1,0 +1,132 @@
+"""benchmarks/regime.py: the decision rule, the gate's statistics on known histories, and smoke runs of both stages."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def regime(load_script):
+    return load_script("benchmarks/regime.py")
+
+
+def test_t_quantiles_are_the_tables(regime):
+    assert regime.t_quantile(4) == pytest.approx(2.776)  # 5 paired seeds
+    assert regime.t_quantile(2) == pytest.approx(4.303)
+    assert regime.t_quantile(60) == pytest.approx(2.000, abs=2e-3)  # the expansion beyond the table
+    assert math.isinf(regime.t_quantile(0))
+
+
+def test_paired_differences_and_interval(regime):
+    a = {0: 0.30, 1: 0.32, 2: 0.28, 3: 0.31, 4: 0.29}
+    b = {0: 0.25, 1: 0.27, 2: 0.26, 3: 0.25, 4: 0.27, 5: 0.9}  # seed 5 has no partner: not paired
+    d = regime.paired(a, b)
+    assert d["seeds"] == [0, 1, 2, 3, 4] and d["per_seed"][0] == pytest.approx(5.0)
+    diffs = [5.0, 5.0, 2.0, 6.0, 2.0]
+    mean, sd = sum(diffs) / 5, (sum((x - 4.0) ** 2 for x in diffs) / 4) ** 0.5
+    assert d["mean"] == pytest.approx(mean) and d["sd"] == pytest.approx(sd)
+    half = 2.776 * sd / 5**0.5
+    assert d["ci"] == pytest.approx([mean - half, mean + half])
+
+
+def scores(respo, best, pos1, seeds=5, other=0.20):
+    return {
+        "respo": {s: respo[s % len(respo)] for s in range(seeds)},
+        "dapo": {s: best[s % len(best)] for s in range(seeds)},
+        "vespo": {s: other for s in range(seeds)},
+        "respo_pos1": {s: pos1 for s in range(seeds)},
+    }
+
+
+def test_the_decision_rule(regime):
+    holds = regime.verdict(True, scores([0.30, 0.31, 0.29, 0.30, 0.32], [0.25, 0.25, 0.26, 0.24, 0.25], pos1=0.28))
+    assert holds["verdict"] == "holds" and holds["best_baseline"] == "dapo"
+    # the same gain without beating phi+ = 1 does not hold
+    no_pos1 = regime.verdict(True, scores([0.30, 0.31, 0.29, 0.30, 0.32], [0.25, 0.25, 0.26, 0.24, 0.25], pos1=0.35))
+    assert no_pos1["verdict"] == "inconclusive"
+    fails = regime.verdict(True, scores([0.250, 0.245, 0.255, 0.250, 0.248], [0.26, 0.25, 0.26, 0.255, 0.25], pos1=0.2))
+    assert fails["verdict"] == "fails" and fails["vs_best"]["ci"][1] < 1.0
+    # the gate not passed: whatever the numbers, nothing is concluded
+    assert regime.verdict(False, scores([0.5], [0.1], pos1=0.1))["verdict"] == "inconclusive"
+    # four seeds are not enough, and the seeds that would settle it are reported
+    few = regime.verdict(True, scores([0.30, 0.27, 0.33, 0.29], [0.25, 0.26, 0.24, 0.26], pos1=0.2, seeds=4))
+    assert few["verdict"] == "inconclusive" and "4 paired seeds" in few["reason"]
+    noisy = regime.verdict(True, scores([0.35, 0.22, 0.36, 0.24, 0.33], [0.25, 0.25, 0.26, 0.24, 0.25], pos1=0.2))
+    assert noisy["verdict"] == "inconclusive" and noisy["seeds_to_resolve"]["to_hold"] > 5
+    assert noisy["seeds_to_resolve"]["to_fail"] is None  # a mean above +1 never "fails" with more seeds
+
+
+def history(updates=64, n=32, low_at=lambda k: k >= 16):
+    """A dapo-like log: staleness k = step mod n, 4 positives per step, low-weight ones at the given staleness."""
+    rows = []
+    for step in range(1, updates + 1):
+        k = (step - 1) % n
+        low = 1.0 if low_at(k) else 0.0
+        row = {"step": step, "reuse/staleness_mean": float(k), "offpolicy/kl": 0.001 * k,
+               "completions/mean_length": 100.0, "starvation/low_weight_pos/n": 4.0,
+               "starvation/low_weight_pos/n_low": low, "starvation/low_weight_pos/mass": 4.0,
+               "starvation/low_weight_pos/mass_low": 0.5 * low}  # fmt: skip
+        for name in ("respo", "vespo"):
+            row[f"starvation/low_weight_pos/{name}_mass"] = 4.0
+            row[f"starvation/low_weight_pos/{name}_mass_low"] = 1.5 * low if name == "respo" else 0.2 * low
+        if k == 0:
+            row["reward"] = 0.1 + step / 1000
+        rows.append(row)
+    return {"history": rows, "updates": updates, "N": n, "generated_tokens": 1, "wall_s": 1.0}
+
+
+def test_gate_statistics_pool_by_staleness_and_over_the_first_half(regime):
+    run = history()
+    stats = regime.low_weight_by_staleness(run)
+    assert stats["per_k"][0]["share"] == 0.0 and stats["per_k"][20]["share"] == pytest.approx(0.25)
+    assert stats["bins"]["16-23"]["share"] == pytest.approx(0.25) and stats["bins"]["0-7"]["share"] == 0.0
+    pooled = regime.run_stats(run)["positive_branch"]  # first half: steps 1-32, half of them stale >= 16
+    assert pooled["share"] == pytest.approx(16 / 128) and pooled["mass_share"] == pytest.approx(8 / 128)
+    assert pooled["respo_mass_ratio"] == pytest.approx((24 / 128) / (16 / 128))  # the same-batch counterfactual
+    assert regime.per_update_kl(run)["per_token"] == pytest.approx(0.001)  # staleness 1 only
+    assert regime.per_update_kl(run)["per_response"] == pytest.approx(0.1)
+    assert regime.late_mean(run) == pytest.approx(0.1 + 33 / 1000)  # the one rollout batch sampled after update 32
+
+
+def test_bad_task_settings_and_an_unpassed_gate_are_refused(regime, tmp_path, capsys):
+    from respo_trl.demo.tasks import ArithmeticTask
+
+    with pytest.raises(ValueError, match="min_terms"):
+        ArithmeticTask(operators="+", min_terms=2, max_terms=4, nuisance=True)  # no separator to choose
+    with pytest.raises(ValueError, match="operators='\\+'"):
+        ArithmeticTask(operators="+-", nuisance=True)
+    with pytest.raises(SystemExit):
+        regime.parse(["compare", "--setting", "nonsense"])
+    assert "--setting must be one of" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="no task setting passed the regime gate"):
+        regime.main(["compare", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
+
+
+@pytest.mark.slow
+def test_smoke_runs_of_the_gate_and_the_comparison(tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    base = [sys.executable, str(ROOT / "benchmarks" / "regime.py")]
+    common = ["--smoke", "--out", str(out), "--work", str(work), "--workers", "1"]
+    subprocess.run([*base, "gate", *common], cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
+    compare = subprocess.run([*base, "compare", *common, "--override-gate", "--setting", "short", "--lr", "1e-4",
+                              "--arms", "dapo", "respo", "onpolicy"], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=600)  # fmt: skip
+    assert compare.returncode == 0, compare.stderr[-2000:]
+    summary = json.loads((out / "regime.json").read_text())
+    assert summary["gate"]["map"][0]["setting"] == "short" and summary["gate"]["passed"] in (True, False)
+    assert set(summary["comparison"]["arms"]) == {"dapo", "respo", "onpolicy"}
+    assert summary["comparison"]["arms"]["onpolicy"]["N"] == 1
+    assert summary["verdict"]["verdict"] in ("holds", "fails", "inconclusive")
+    assert (out / "regime_gate.png").is_file() and (out / "regime_comparison.png").is_file()
+    first = sorted(p.name for p in (out / "arms").glob("*.json"))
+    again = subprocess.run([*base, "compare", *common, "--override-gate", "--setting", "short", "--lr", "1e-4",
+                            "--arms", "dapo", "respo", "onpolicy"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=600)  # fmt: skip
+    assert "3 runs, 3 done, 0 to run" in again.stdout  # resumed: finished runs are never rerun
+    assert sorted(p.name for p in (out / "arms").glob("*.json")) == first
