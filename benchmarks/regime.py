@@ -439,6 +439,11 @@ def run_all(args, specs: list[dict], runs_dir: Path) -> dict[str, dict]:
 
 def gate_specs(args) -> list[dict]:
     runs = [(s, lr) for s, lr in GATE_RUNS if s in settings_for(args)]
+    if args.points:
+        unknown = set(args.points) - {gate_name(s, lr) for s, lr in runs}
+        if unknown:
+            raise SystemExit(f"--points {sorted(unknown)}: not points of the map ({[gate_name(s, lr) for s, lr in runs]})")
+        runs = [(s, lr) for s, lr in runs if gate_name(s, lr) in args.points]
     specs = []
     for setting, lr in runs:
         spec = base_spec(args, setting, seed=0)
@@ -765,6 +770,7 @@ def parse(argv=None):
     p.add_argument("--setting", default=None, help="compare: task setting (default: the gate's choice).")
     p.add_argument("--lr", type=float, default=None, help="compare: learning rate (default: the gate's choice).")
     p.add_argument("--override-gate", action="store_true", help="compare: run although no setting passed the gate.")
+    p.add_argument("--points", nargs="+", default=None, help="gate: only these points of the map (e.g. long-lr0.0001).")
     p.add_argument("--workers", type=int, default=2, help="Runs at once (one torch thread each).")
     p.add_argument("--smoke", action="store_true", help="Tiny sizes for the test suite (seconds, numbers meaningless).")
     p.add_argument("--fresh", action="store_true", help="Forget this stage's finished runs and start over.")
