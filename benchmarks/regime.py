@@ -265,7 +265,8 @@ def per_update_kl(run: dict) -> dict:
     if not rows:
         return {"per_token": None, "per_response": None}
     per_token = statistics.fmean(h["offpolicy/kl"] for h in rows)
-    lengths = [h["completions/mean_length"] for h in rows if "completions/mean_length" in h]
+    # TRL logs the completion length on sampling steps only: the run's mean completion length
+    lengths = [h["completions/mean_length"] for h in run["history"] if "completions/mean_length" in h]
     return {"per_token": per_token, "per_response": per_token * statistics.fmean(lengths) if lengths else None}
 
 
@@ -428,7 +429,9 @@ def run_all(args, specs: list[dict], runs_dir: Path) -> dict[str, dict]:
             finished += 1
             done[result["name"]] = result
             stats = run_stats(result)
-            share, late = stats["positive_branch"]["share"], stats["late_mean"]
+            late = stats["late_mean"]
+            # a gate run is the comparison's first half: its statistic pools the whole run (gate_summary)
+            share = _pooled(result["history"])["share"] if result["stage"] == "gate" else stats["positive_branch"]["share"]
             print(f"  [{finished}/{total}] {result['name']}: late-mean score "
                   f"{'n/a' if late is None else f'{100 * late:.1f}%'}, low-W positives (first half) "
                   f"{'n/a' if share != share else f'{100 * share:.1f}%'}, {result['wall_s']:.0f} s "
