@@ -610,15 +610,20 @@ def plot_gate(summary: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for row in summary["gate"]["map"]:
+    for i, row in enumerate(summary["gate"]["map"]):
+        color = f"C{i}"
         per_k = row["low_weight_by_staleness"]["per_k"]
         ks = sorted(per_k, key=int)
-        ax.plot([int(k) for k in ks], [100 * per_k[k]["share"] for k in ks], marker=".", lw=1,
+        ax.plot([int(k) for k in ks], [100 * per_k[k]["share"] for k in ks], ".", ms=3, color=color, alpha=0.35)
+        bins = row["low_weight_by_staleness"]["bins"]  # pooled over 8 positions: the per-position points are noisy
+        centers = [sum(map(int, name.split("-"))) / 2 for name in bins]
+        ax.plot(centers, [100 * b["share"] for b in bins.values()], "o-", lw=2, color=color,
                 label=f"{row['name']}: {100 * row['low_weight_share']:.1f}%")  # fmt: skip
     lo, hi = summary["gate"]["band"]
     ax.axhspan(100 * lo, 100 * hi, color="gold", alpha=0.2, label="gate band (pooled share)")
     ax.axhline(22.8, color="k", lw=0.8, ls="--", label="paper, N = 32: 22.8%")
-    ax.set(xlabel="staleness k (updates since sampled)", ylabel="positives with log W < -1 (%)",
+    ax.set(xlabel="staleness k (updates since sampled); lines: pooled over 8 positions, dots: each position",
+           ylabel="positives with log W < -1 (%)",
            title="Regime gate: TRL dapo, N = 32, first half of the updates, seed 0")  # fmt: skip
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
