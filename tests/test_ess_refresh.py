@@ -71,3 +71,35 @@ def test_ess_floor_under_n_with_a_low_floor_changes_nothing(make_trainer):
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert trainer.rollouts.refreshes == 0
     assert [h["reuse/staleness_mean"] for h in logs] == [0, 1, 2, 3]
+
+
+def test_a_refresh_between_epochs_serves_the_fresh_batch_as_its_first_pass(make_trainer):
+    """After the floor replaces a stale batch at the start of pass 2 of 2, the fresh batch is on its own first pass:
+    reuse/pass reads 1 and its rollouts are 0 steps stale (catches the refreshed batch served as a reuse pass)."""
+    trainer = make_trainer(num_iterations=2, max_steps=4, respo_min_ess=0.999, learning_rate=5e-2)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert trainer.rollouts.refreshes == 2  # before step 2 and before step 4
+    assert [h["reuse/pass"] for h in logs] == [1, 1, 1, 1]
+    assert [h["reuse/staleness_mean"] for h in logs] == [0, 0, 0, 0]
+
+
+def test_under_accumulation_the_floor_is_checked_once_per_optimizer_step_on_its_rows(make_trainer):
+    """N = 2 updates of 2 accumulated micro-batches each: the floor looks before update 2 at exactly the two
+    micro-batches that update trains on, never in the middle of an update."""
+    from respo_trl import ReSPOTrainer
+
+    seen = []
+
+    class Watched(ReSPOTrainer):
+        def _below_ess_floor(self, batch=None):
+            seen.append((self._step, None if batch is None else batch["prompt_ids"].clone()))
+            return super()._below_ess_floor(batch)
+
+    trainer = make_trainer(trainer_cls=Watched, respo_updates_per_rollout=2, gradient_accumulation_steps=2,
+                           per_device_train_batch_size=4, max_steps=2, respo_min_ess=1e-6)  # fmt: skip
+    trainer.train()
+    assert trainer.rollouts.refreshes == 0
+    assert [step for step, _ in seen] == [2]  # micro-step 2 starts update 2; micro-steps 1 and 3 are mid-update
+    rows = torch.cat([trainer.rollouts.micro_batch(0, k)["prompt_ids"] for k in (2, 3)])
+    assert torch.equal(seen[0][1], rows)

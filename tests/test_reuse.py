@@ -188,6 +188,8 @@ RESUME_SETUPS = {
     "staleness": (dict(respo_updates_per_rollout=4), [3, 0, 1]),
     # both: N=2 mini-batches per pass, R=2 passes
     "both": (dict(respo_updates_per_rollout=2, num_iterations=2), [3, 0, 1]),
+    # R=2 of one mini-batch: the checkpoint (step 3) falls one micro-step into a cycle, with a pass still to come
+    "epochs-odd": (dict(num_iterations=2), [1, 0, 1]),
 }
 
 
@@ -286,6 +288,9 @@ def test_resume_from_a_plain_grpo_trainer_checkpoint(make_trainer, tmp_path, cap
     assert resumed.state.global_step == 4
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert ("nothing is lost" in messages) == boundary and ("replaced by fresh rollouts" in messages) == (not boundary)
+    assert (f"{checkpoint} has no rollout buffer" in messages)  # the folder is named
+    if not boundary:  # stopped after pass 1 of 2: one micro-batch of the batch was left
+        assert "the 1 remaining micro-batches of its rollout batch" in messages
     logs = [h for h in resumed.state.log_history if "loss" in h and h["step"] > stop_at]
     assert logs[0]["reuse/staleness_mean"] == 0  # the resumed run starts with a fresh batch either way
 
