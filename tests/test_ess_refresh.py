@@ -93,7 +93,7 @@ def test_under_accumulation_the_floor_is_checked_once_per_optimizer_step_on_its_
 
     class Watched(ReSPOTrainer):
         def _below_ess_floor(self, batch=None):
-            seen.append((self._step, None if batch is None else batch["prompt_ids"].clone()))
+            seen.append((self._step, None if batch is None else {k: batch[k].clone() for k in ("prompt_ids", "advantages")}))
             return super()._below_ess_floor(batch)
 
     trainer = make_trainer(trainer_cls=Watched, respo_updates_per_rollout=2, gradient_accumulation_steps=2,
@@ -101,5 +101,28 @@ def test_under_accumulation_the_floor_is_checked_once_per_optimizer_step_on_its_
     trainer.train()
     assert trainer.rollouts.refreshes == 0
     assert [step for step, _ in seen] == [2]  # micro-step 2 starts update 2; micro-steps 1 and 3 are mid-update
-    rows = torch.cat([trainer.rollouts.micro_batch(0, k)["prompt_ids"] for k in (2, 3)])
-    assert torch.equal(seen[0][1], rows)
+    for key in ("prompt_ids", "advantages"):  # 2-D and 1-D fields of both micro-batches
+        rows = torch.cat([trainer.rollouts.micro_batch(0, k)[key] for k in (2, 3)])
+        assert torch.equal(seen[0][1][key], rows), key
+
+
+def test_after_a_refresh_the_floor_measures_the_fresh_batchs_own_pass(make_trainer):
+    """N = 2 mini-batches per pass, R = 2 passes, every check refreshing: a check in the middle of pass 2, after the
+    refresh at its start, measures the rows the fresh batch serves next (its own first pass), not a reshuffled pass."""
+    from respo_trl import ReSPOTrainer
+
+    checks = []
+
+    class Watched(ReSPOTrainer):
+        def _below_ess_floor(self, batch=None):
+            if batch is not None:
+                cycle_pass, micro = divmod(self._step % 4, 2)
+                served = self.rollouts.micro_batch(cycle_pass - self.rollouts.first_pass, micro)
+                checks.append((self._step, torch.equal(batch["prompt_ids"], served["prompt_ids"])))
+            return super()._below_ess_floor(batch)
+
+    trainer = make_trainer(trainer_cls=Watched, respo_updates_per_rollout=2, num_iterations=2, max_steps=4,
+                           respo_min_ess=1.0, learning_rate=5e-2)  # fmt: skip
+    trainer.train()
+    assert [step for step, _ in checks] == [1, 3] and all(same for _, same in checks)
+    assert trainer.rollouts.first_pass == 1  # the last refresh happened at the start of pass 2

@@ -206,10 +206,27 @@ def test_push_uploads_exactly_one_model(make_trainer, tmp_path, monkeypatch):
 
     monkeypatch.setattr(transformers.trainer, "hf_api", lambda: FakeApi())
     trainer.hub_model_id = "me/tiny-respo"
-    trainer.push_to_hub()
+    trainer.push_to_hub(commit_message="ReSPO run 7", blocking=False, revision="v1")
     (call,) = calls
+    assert call["commit_message"] == "ReSPO run 7" and call["run_as_future"] and call["revision"] == "v1"
     files = [str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()]
     uploaded = list(filter_repo_objects(files, ignore_patterns=call["ignore_patterns"]))
     assert sum(name.endswith("model.safetensors") for name in uploaded) == 1 and "model.safetensors" in uploaded
     assert not [name for name in uploaded if name.startswith(BEST_HELDOUT_DIR)]
     assert any(name.startswith(BEST_HELDOUT_DIR) for name in files)  # it is there, just not pushed
+
+
+def test_repository_creation_passes_token_and_privacy_through(make_trainer, monkeypatch):
+    import transformers.trainer
+
+    created = []
+
+    class FakeApi:
+        def create_repo(self, name, **kwargs):
+            created.append(kwargs)
+            return type("Url", (), {"repo_id": name})()
+
+    monkeypatch.setattr(transformers.trainer, "hf_api", lambda: FakeApi())
+    trainer = make_trainer(max_steps=1, hub_model_id="me/x")
+    trainer.init_hf_repo(token="tok", private=True)
+    assert created[-1]["token"] == "tok" and created[-1]["private"] is True

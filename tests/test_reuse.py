@@ -230,6 +230,11 @@ def test_resume_with_a_partial_buffer_is_an_error_not_a_resample(make_trainer, t
     resumed = make_trainer(num_iterations=4, max_steps=4, output_dir=str(tmp_path / "run"))
     with pytest.raises(ValueError, match=r"rollout buffer files of rank\(s\) \[0\] are missing"):
         resumed.train(resume_from_checkpoint=str(checkpoint))
+    resumed.rollouts.batch = None  # what a resume that skipped the buffer would leave: serving must refuse
+    resumed._step = 2
+    resumed.model.train()
+    with pytest.raises(RuntimeError, match=r"No buffered rollouts to reuse at micro-step 2 \(pass 3 of 4\)"):
+        resumed._prepare_inputs([])
 
 
 def test_buffer_saved_by_another_number_of_processes_is_refused(tmp_path):

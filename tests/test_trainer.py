@@ -165,11 +165,13 @@ def test_kl_term_and_hub_style_loading_by_path(make_trainer, tiny_model_dir):
 
 def test_model_card_identifies_respo(make_trainer, tmp_path):
     trainer = make_trainer(max_steps=1)
-    trainer.create_model_card(model_name="tiny-respo")
+    trainer.create_model_card(model_name="tiny-respo", dataset_name="org/arith", tags=["mine"])
     card = (tmp_path / "out" / "README.md").read_text()
     from huggingface_hub import ModelCard
 
     data = ModelCard(card).data
+    assert data.model_name == "tiny-respo" and "# tiny-respo" in card  # what create_model_card was given
+    assert data.datasets == ["org/arith"] and "mine" in data.tags
     assert {"respo", "trl", "rlvr", "reinforcement-learning"} <= set(data.tags)
     assert data.library_name == "transformers"
     assert "trained with ReSPO" in card and "2609.35433" in card
@@ -289,3 +291,10 @@ def test_positive_branch_diagnostic_is_pooled_over_the_logged_step(make_trainer)
     assert metrics[prefix + "mass_ratio"] == [pytest.approx((1.5 / 11) / 0.2)]
     assert metrics[prefix + "n"] == [10.0]  # the window's total, not a per-micro-batch mean
     assert pooled_low_weight({"n": 0.0})["share"] != pooled_low_weight({"n": 0.0})["share"]  # NaN without positives
+
+
+def test_evaluation_goes_through_trls_own_path(make_trainer, toy_dataset):
+    """trainer.evaluate() is TRL's generation and scoring, not the reuse buffer (which is for training only)."""
+    trainer = make_trainer(max_steps=1, per_device_eval_batch_size=8, num_generations_eval=4)
+    metrics = trainer.evaluate(eval_dataset=toy_dataset.select(range(8)))
+    assert "eval_reward" in metrics and trainer.rollouts.is_empty  # nothing was buffered
