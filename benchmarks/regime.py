@@ -745,6 +745,14 @@ def markdown(summary: dict) -> str:
                 f"| {_pm(a['pos_length_growth'])}% | {_pm(a['grad_norm'], 1, 3)} | {_pm(a['per_update_kl'], 1, 5)} "
                 f"| {_pm(a['clip_ratio'], 100, 2)}% | {_pm(a['wall_s'], 1, 0)} |"
             )
+        # seeds differ in their warm starts (and so in how far they are in the regime): per seed, every arm
+        seeds = sorted({s for a in arms.values() for s in a["per_seed"]})
+        lines += ["", "Per seed: late-mean score (%) / low-W share of positives, own batches, first half (%):", "",
+                  "| arm | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]  # fmt: skip
+        for arm, a in arms.items():
+            cells = [a["per_seed"].get(s) for s in seeds]
+            lines.append(f"| {arm} | " + " | ".join(
+                "" if c is None else f"{_p(c['late_mean'])} / {_p(c['low_weight_share'])}" for c in cells) + " |")  # fmt: skip
         lines += ["", "| ReSPO minus | seeds | per seed (points) | mean | 95% interval | held-out avg@8: mean (interval) |",
                   "|---|---|---|---:|---|---|"]  # fmt: skip
         for arm, a in arms.items():
