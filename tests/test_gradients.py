@@ -191,3 +191,15 @@ def test_nonfinite_inputs_are_masked_not_propagated(make_trainer, tokenizer, tin
     clean["num_items_in_batch"] = inputs["num_items_in_batch"]
     _, grads_clean = loss_and_grads(trainer, clean)
     assert_same_grads(grads, grads_clean)
+
+    # Per-token advantages (B, T): a NaN in one token drops that row, and the rest train as without it.
+    per_token = dict(inputs, old_per_token_logps=old.clone(), ref_per_token_logps=old.clone())
+    advantages = make_batch(tokenizer, seed=3)["advantages"]
+    per_token["advantages"] = advantages.unsqueeze(-1).expand_as(old).clone()
+    per_token["advantages"][1, 2] = float("nan")
+    loss, grads = loss_and_grads(trainer, per_token)
+    assert math.isfinite(loss.item()) and trainer._metrics["train"]["respo/nonfinite_seqs"][-1] == 1
+    rest = {k: (torch.cat([v[:1], v[2:]]) if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in per_token.items()}
+    rest["num_items_in_batch"] = per_token["num_items_in_batch"]
+    _, grads_rest = loss_and_grads(trainer, rest)
+    assert_same_grads(grads, grads_rest)

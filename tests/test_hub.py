@@ -200,15 +200,25 @@ def test_push_uploads_exactly_one_model(make_trainer, tmp_path, monkeypatch):
     trainer.save_model(str(out / BEST_HELDOUT_DIR))  # as the recipe saves the best checkpoint
     calls = []
 
+    created = []
+
     class FakeApi:
         def upload_folder(self, **kwargs):
             calls.append(kwargs)
 
+        def create_repo(self, name, **kwargs):
+            created.append(kwargs)
+            return type("Url", (), {"repo_id": name})()
+
     monkeypatch.setattr(transformers.trainer, "hf_api", lambda: FakeApi())
-    trainer.hub_model_id = "me/tiny-respo"
-    trainer.push_to_hub(commit_message="ReSPO run 7", blocking=False, revision="v1")
+    trainer.hub_model_id = None  # as with push_to_hub=False: the push creates the repository first
+    trainer.push_to_hub(commit_message="ReSPO run 7", blocking=False, revision="v1", token="hf_run7", private=True,
+                        tags=["run-7-tag"])  # fmt: skip
     (call,) = calls
     assert call["commit_message"] == "ReSPO run 7" and call["run_as_future"] and call["revision"] == "v1"
+    # the token and privacy reach the Hub calls; extra keyword arguments reach the card
+    assert call["token"] == "hf_run7" and created[-1]["token"] == "hf_run7" and created[-1]["private"] is True
+    assert "run-7-tag" in (out / "README.md").read_text()
     files = [str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()]
     uploaded = list(filter_repo_objects(files, ignore_patterns=call["ignore_patterns"]))
     assert sum(name.endswith("model.safetensors") for name in uploaded) == 1 and "model.safetensors" in uploaded

@@ -179,11 +179,11 @@ def test_model_card_identifies_respo(make_trainer, tmp_path):
 
 
 def test_diagnostics_can_be_switched_off_but_reuse_accounting_stays(make_trainer):
-    trainer = make_trainer(respo_log_diagnostics=False, respo_reuse=2, max_steps=2)
+    trainer = make_trainer(respo_log_diagnostics=False, respo_reuse=2, max_steps=4)
     trainer.train()
     logs = logged(trainer)
     assert all("starvation/grad_throughput/pos" not in log for log in logs)
-    assert [log["reuse/staleness_mean"] for log in logs] == [0, 1]
+    assert [log["reuse/staleness_mean"] for log in logs] == [0, 1, 0, 1]  # steps since each batch was generated
     assert logs[-1]["reuse/generated_tokens"] > 0
 
 
@@ -298,3 +298,18 @@ def test_evaluation_goes_through_trls_own_path(make_trainer, toy_dataset):
     trainer = make_trainer(max_steps=1, per_device_eval_batch_size=8, num_generations_eval=4)
     metrics = trainer.evaluate(eval_dataset=toy_dataset.select(range(8)))
     assert "eval_reward" in metrics and trainer.rollouts.is_empty  # nothing was buffered
+
+
+def test_generated_tokens_count_model_tokens_only_when_tools_insert_some(make_trainer, monkeypatch):
+    """With tool calls TRL marks the tool's tokens in ``tool_mask``: sampling cost counts the model's own tokens."""
+    from trl import GRPOTrainer
+
+    trainer = make_trainer(max_steps=1)
+    completions = [[5, 6, 7, 8], [9, 10]]
+    outputs = {"tools": (None, completions, [[1, 0, 0, 1], [1, 1]]), "plain": (None, completions, None)}
+    for kind, expected in (("tools", 4), ("plain", 6)):
+        monkeypatch.setattr(GRPOTrainer, "_generate", lambda self, prompts, out=outputs[kind]: out)
+        trainer.model.train()
+        before = trainer.rollouts.generated_tokens
+        assert trainer._generate(["p", "q"]) is outputs[kind]
+        assert trainer.rollouts.generated_tokens - before == expected, kind
