@@ -127,6 +127,8 @@ MASKS = {
     "none": {},
     "entropy": {"top_entropy_quantile": 0.2},  # TRL keeps the gradient of the 20% highest-entropy tokens only
     "off_policy": {"off_policy_mask_threshold": -0.05},  # DeepSeek-V3.2 sequence mask: drops 1 of the 2 negatives
+    "both": {"top_entropy_quantile": 0.2, "off_policy_mask_threshold": -0.05},  # their product, not the last one
+    "tools": {},  # tool-call tokens (TRL's tool_mask) are outside the loss and outside the diagnostics
 }
 
 
@@ -141,8 +143,11 @@ def test_diagnostics_report_the_coefficients_of_the_loss_trl_really_computes(mak
     extra = {"epsilon_high": 3.0} if loss_type == "cispo" else {}
     trainer = prepare(make_trainer(loss_type=loss_type, **extra, **MASKS[masks]))
     inputs = make_batch(tokenizer, seed=2)
-    m = inputs["completion_mask"].float()
     gen = torch.Generator().manual_seed(9)
+    if masks == "tools":
+        inputs["tool_mask"] = (torch.rand(8, 7, generator=gen) > 0.3).long()
+    m = (inputs["completion_mask"] * inputs.get("tool_mask", 1)).float()
+    inputs["num_items_in_batch"] = m.sum()  # TRL counts the loss mask's tokens (tool tokens excluded)
     logps = (-2 + 0.3 * torch.randn(8, 7, generator=gen)).requires_grad_(True)
     inputs["old_per_token_logps"] = logps.detach() + 0.5 * torch.randn(8, 7, generator=gen)
     entropies = torch.rand(8, 7, generator=gen)
@@ -156,7 +161,7 @@ def test_diagnostics_report_the_coefficients_of_the_loss_trl_really_computes(mak
     adv = inputs["advantages"].unsqueeze(-1)
     from_trainer = -grad * AGGREGATION[loss_type](m) / adv * m
 
-    if masks == "none":
+    if masks in ("none", "tools"):
         params = LossParams.from_config(trainer.args)
         registry = gradient_coefficients(
             registered_loss_for(loss_type), logps.detach() - inputs["old_per_token_logps"], inputs["advantages"], m, params
