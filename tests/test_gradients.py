@@ -177,6 +177,25 @@ def test_diagnostics_report_the_coefficients_of_the_loss_trl_really_computes(mak
         assert logged == pytest.approx(expected.item(), rel=1e-4, abs=1e-6), sign
 
 
+def test_dropping_a_nonfinite_row_keeps_the_tool_mask_and_cleans_padding(make_trainer, tokenizer):
+    """A dropped row leaves the loss through TRL's tool_mask, which may already hold tool-call zeros: they stay. A kept
+    row's padding may hold -inf log-probs (never read by the mask, but inf * 0 is NaN in the loss): it is filled."""
+    trainer = prepare(make_trainer())
+    inputs = make_batch(tokenizer, seed=3)
+    m = inputs["completion_mask"]
+    inputs["old_per_token_logps"] = current_logps(trainer, inputs)
+    inputs["tool_mask"] = torch.ones_like(m)
+    inputs["tool_mask"][4, 0] = 0  # a tool-call token of a kept row
+    inputs["advantages"][0] = float("nan")
+    row = next(i for i in range(1, 8) if i != 4 and (m[i] == 0).any())  # a kept row with padding
+    pad = int((m[row] == 0).nonzero()[0])
+    inputs["old_per_token_logps"][row, pad] = float("-inf")
+    out = trainer._drop_nonfinite(inputs)
+    assert out["tool_mask"][0].sum() == 0 and out["tool_mask"][4, 0] == 0 and out["tool_mask"][4, 1:].eq(1).all()
+    assert out["tool_mask"][1:4].eq(1).all() and torch.isfinite(out["old_per_token_logps"]).all()
+    assert trainer._nonfinite_rows.tolist() == [True] + [False] * 7  # padding does not make a row bad
+
+
 def test_nonfinite_inputs_are_masked_not_propagated(make_trainer, tokenizer, tiny_model_dir):
     trainer = prepare(make_trainer(model=tiny_model_dir, beta=0.1))  # beta > 0 loads a reference model by path
     inputs = make_batch(tokenizer, seed=3)

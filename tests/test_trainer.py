@@ -313,3 +313,24 @@ def test_generated_tokens_count_model_tokens_only_when_tools_insert_some(make_tr
         before = trainer.rollouts.generated_tokens
         assert trainer._generate(["p", "q"]) is outputs[kind]
         assert trainer.rollouts.generated_tokens - before == expected, kind
+
+
+def test_without_args_the_output_dir_is_named_after_the_model(monkeypatch):
+    """As TRL's GRPOTrainer names it ``<model>-GRPO``: the last path component of a Hub id or a local path (a
+    trailing slash included). The default config needs a GPU (bf16), so the config class is stood in for."""
+    import respo_trl.trainer as trainer_module
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def config(output_dir):
+        seen.append(output_dir)
+        raise Stop
+
+    monkeypatch.setattr(trainer_module, "ReSPOConfig", config)
+    for model in ("Qwen/Qwen3-1.7B", "/ckpts/qwen3-tiny/", "org/Qwen3-MAX/"):
+        with pytest.raises(Stop):
+            trainer_module.ReSPOTrainer(model, reward_funcs=lambda **_: [])
+    assert seen == ["Qwen3-1.7B-ReSPO", "qwen3-tiny-ReSPO", "Qwen3-MAX-ReSPO"]  # only the slash is stripped
