@@ -195,6 +195,13 @@ def test_dropping_a_nonfinite_row_keeps_the_tool_mask_and_cleans_padding(make_tr
     assert out["tool_mask"][1:4].eq(1).all() and torch.isfinite(out["old_per_token_logps"]).all()
     assert trainer._nonfinite_rows.tolist() == [True] + [False] * 7  # padding does not make a row bad
 
+    # vLLM's sampler ratio is checked like the log-probs: an inf in a real token drops its row, and it is filled
+    inputs["importance_sampling_ratio"] = torch.ones_like(m, dtype=torch.float)
+    inputs["importance_sampling_ratio"][6, 0] = float("inf")
+    out = trainer._drop_nonfinite(inputs)
+    assert trainer._nonfinite_rows.tolist() == [True] + [False] * 5 + [True, False]
+    assert torch.isfinite(out["importance_sampling_ratio"]).all() and out["tool_mask"][6].sum() == 0
+
 
 def test_nonfinite_inputs_are_masked_not_propagated(make_trainer, tokenizer, tiny_model_dir):
     trainer = prepare(make_trainer(model=tiny_model_dir, beta=0.1))  # beta > 0 loads a reference model by path
