@@ -148,7 +148,8 @@ def test_bad_token_is_named_and_upload_refusal_keeps_local_files(make_trainer, t
     with pytest.raises(HubPushError) as error:
         trainer.push_to_hub()
     assert "rejected the token (HTTP 401)" in str(error.value) and "hf auth login" in str(error.value)
-    assert calls[0] == "/api/repos/create" and not any("preupload" in c or "commit" in c for c in calls)
+    # (huggingface_hub may also POST its own telemetry, e.g. /api/agent-harnesses, once per process: not asserted on)
+    assert "/api/repos/create" in calls and not any("preupload" in c or "commit" in c for c in calls)
     assert_loadable(tmp_path / "out")
 
     # Repository creation accepted, upload refused (a read-only token): the model was saved first by transformers.
@@ -157,7 +158,8 @@ def test_bad_token_is_named_and_upload_refusal_keeps_local_files(make_trainer, t
     with pytest.raises(HubPushError) as error:
         trainer.push_to_hub()
     assert "rejected the token (HTTP 403)" in str(error.value)
-    assert calls[0] == "/api/repos/create" and len(calls) > 1  # created, then the upload was refused
+    assert "/api/repos/create" in calls  # created, then the upload was refused
+    assert calls[calls.index("/api/repos/create") + 1 :], calls
     assert_loadable(tmp_path / "out")
 
 
