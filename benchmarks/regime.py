@@ -343,13 +343,15 @@ def verdict(gate_passed: bool, scores: dict[str, dict[int, float]]) -> dict:
     paired interval above 0 (over at least 5 seeds) and ReSPO beats ``phi+ = 1`` on the same seeds; ``fails`` if the
     gate passed and the interval's upper end is below +1; ``inconclusive`` otherwise, with the seeds that would
     resolve it. ``scores``: arm -> {seed: late-mean score in [0, 1]}."""
-    means = {arm: statistics.fmean(s.values()) for arm, s in scores.items() if s}
-    baselines = [b for b in BASELINES if b in means]
+    # the best baseline is judged on ReSPO's seeds only: a seed that ReSPO has not run yet must not tip the choice
+    respo_seeds = set(scores.get("respo", {}))
+    means = {b: statistics.fmean(v for s, v in scores[b].items() if s in respo_seeds)
+             for b in BASELINES if respo_seeds & set(scores.get(b, {}))}  # fmt: skip
     out = {"gate_passed": gate_passed, "rule": RULE, "best_baseline": None, "verdict": "inconclusive"}
-    if "respo" not in means or not baselines:
+    if not means:
         out["reason"] = "ReSPO or every baseline is missing"
         return out
-    best = max(baselines, key=lambda b: means[b])
+    best = max(means, key=means.get)
     vs_best, vs_pos1 = paired(scores["respo"], scores[best]), paired(scores["respo"], scores.get("respo_pos1", {}))
     out.update(best_baseline=best, vs_best=vs_best, vs_pos1=vs_pos1)
     enough = len(vs_best["seeds"]) >= RULE["seeds"]

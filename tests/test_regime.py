@@ -59,6 +59,10 @@ def test_the_decision_rule(regime):
     noisy = regime.verdict(True, scores([0.35, 0.22, 0.36, 0.24, 0.33], [0.25, 0.25, 0.26, 0.24, 0.25], pos1=0.2))
     assert noisy["verdict"] == "inconclusive" and noisy["seeds_to_resolve"]["to_hold"] > 5
     assert noisy["seeds_to_resolve"]["to_fail"] is None  # a mean above +1 never "fails" with more seeds
+    # the best baseline is chosen on ReSPO's seeds: VESPO's extra seed (ReSPO has not run it) does not count
+    ahead = scores([0.30], [0.25], pos1=0.2, seeds=2, other=0.24)
+    ahead["vespo"][2] = 0.90
+    assert regime.verdict(True, ahead)["best_baseline"] == "dapo"
 
 
 def history(updates=64, n=32, low_at=lambda k: k >= 16):
