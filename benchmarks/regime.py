@@ -656,16 +656,22 @@ def plot_comparison(summary: dict, runs: dict[str, dict], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     arms = summary["comparison"]["arms"]
+    # seed means are only comparable over the same seeds (the warm starts differ a lot): an arm that lacks some of
+    # ReSPO's seeds, or has others, is drawn dashed and its label lists its seeds
+    respo_seeds = sorted(arms.get("respo", {}).get("per_seed", {}))
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     for arm in arms:
         curves = [_windows(r) for r in runs.values() if r["arm"] == arm]
+        seeds = sorted(arms[arm]["per_seed"])
         length = min(len(c) for c in curves)
         mean = lambda i, j: statistics.fmean(c[i][j] for c in curves)  # noqa: E731
-        label = f"{arm} (N = {arms[arm]['N']}, {len(curves)} seeds)"
+        label = f"{arm} (N = {arms[arm]['N']}; seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))})"
         for ax, x in ((axes[0], 0), (axes[1], 1)):
             ax.plot([mean(i, x) / (1e6 if x else 1) for i in range(length)], [100 * mean(i, 2) for i in range(length)],
-                    marker="o", ms=3, color=COLORS.get(arm), label=label)  # fmt: skip
-    axes[0].set(xlabel="policy updates", ylabel="training score (accuracy, %), seed mean, per 32 updates")
+                    marker="o", ms=3, color=COLORS.get(arm), label=label,
+                    ls="-" if seeds == respo_seeds else "--")  # fmt: skip
+    axes[0].set(xlabel="policy updates", ylabel="training score (accuracy, %), seed mean, per 32 updates",
+                title="dashed: not on ReSPO's seeds (not comparable)")  # fmt: skip
     axes[1].set(xlabel="generated tokens (M)", ylabel="training score (%)")
     for ax in axes[:2]:
         ax.grid(alpha=0.3)
