@@ -395,6 +395,11 @@ def base_spec(args, setting: str, seed: int) -> dict:
     }  # fmt: skip
 
 
+def next_runs(queue: list[dict], ready: set, free: int) -> list[dict]:
+    """The first ``free`` runs of ``queue``, in its order, whose warm start (setting, seed) is in ``ready``."""
+    return [s for s in queue if (s["setting"], s["seed"]) in ready][: max(free, 0)]
+
+
 def run_all(args, specs: list[dict], runs_dir: Path) -> dict[str, dict]:
     """Warm starts first (profiled once per setting and seed), then every run not already in ``runs_dir``."""
     done = {p.stem: json.loads(p.read_text()) for p in runs_dir.glob("*.json")}
@@ -408,12 +413,19 @@ def run_all(args, specs: list[dict], runs_dir: Path) -> dict[str, dict]:
     start = time.time()
     n_prompts = SMOKE["profile_prompts"] if args.smoke else 512
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"), initializer=_init_worker) as pool:
-        # Warm starts first; each seed's runs are queued as soon as its warm start is ready (no worker waits for the
-        # warm starts of other seeds).
-        pending = {}
+        # Warm starts first. Runs go to the pool in the order of ``specs`` (the most useful partial result first), one
+        # per free worker, each as soon as its own warm start is ready: the pool's queue is first-in first-out, so
+        # queueing a seed's runs when its warm start lands would run them in the order the warm starts finished.
+        pending, queue, ready = {}, list(todo), set()
         for key, s in warm.items():
             pending[pool.submit(profile_warm_start, s["setting"], s["seed"], [*s["setting_args"], *s["extra"]],
                                 s["warm_path"], n_prompts, s["eval_samples"])] = ("profile", key)  # fmt: skip
+
+        def submit_ready():
+            for spec in next_runs(queue, ready, args.workers - sum(k == "run" for k, _ in pending.values())):
+                queue.remove(spec)
+                pending[pool.submit(run_one, spec)] = ("run", spec["name"])
+
         finished, total = 0, len(todo)
         while pending:
             future = next(as_completed(pending))
@@ -425,11 +437,12 @@ def run_all(args, specs: list[dict], runs_dir: Path) -> dict[str, dict]:
                       f"{100 * t1['accuracy']:.1f}%, {t1['entropy_per_token']:.3f} nats/token, "
                       f"{t1['entropy_per_response']:.1f} nats/response, {t1['mean_length']:.0f} tokens "
                       f"({time.time() - start:.0f} s)", flush=True)  # fmt: skip
-                for spec in [s for s in todo if (s["setting"], s["seed"]) == key]:
-                    pending[pool.submit(run_one, spec)] = ("run", spec["name"])
+                ready.add(key)
+                submit_ready()
                 continue
             finished += 1
             done[result["name"]] = result
+            submit_ready()
             stats = run_stats(result)
             late = stats["late_mean"]
             # a gate run is the comparison's first half: its statistic pools the whole run (gate_summary)

@@ -97,6 +97,69 @@ def test_gate_statistics_pool_by_staleness_and_over_the_first_half(regime):
     assert regime.late_mean(run) == pytest.approx(0.1 + 33 / 1000)  # the one rollout batch sampled after update 32
 
 
+def test_runs_start_in_the_comparisons_order_as_workers_free_up(regime, tmp_path):
+    """The rule's 5-seed arms come first, seed by seed; a 3-seed arm's run whose warm start happens to be ready earlier
+    does not jump ahead of them once a worker is free (the pool runs what it is given first-in first-out)."""
+    args = regime.parse(["compare", "--work", str(tmp_path)])
+    specs = regime.compare_specs(args, "long-nuisance", 1e-4)
+    names = [s["name"] for s in specs]
+    assert len(names) == 29 and names[:4] == ["dapo-N32-seed0", "vespo-N32-seed0", "respo-N32-seed0",
+                                              "respo_pos1-N32-seed0"]  # fmt: skip
+    assert max(names.index(f"respo_pos1-N32-seed{s}") for s in range(5)) < min(
+        names.index(n) for n in names if n.startswith(("gspo", "onpolicy", "dapo_clip_higher")))
+    assert "onpolicy-N1-seed2" in names
+    # the situation the old queueing got wrong: seed 0's warm start lands first, seed 2's (needed by the rule) later
+    queue = [s for s in specs if s["name"] in ("respo_pos1-N32-seed2", "gspo-N32-seed0", "onpolicy-N1-seed0",
+                                               "dapo_clip_higher-N32-seed0")]  # fmt: skip
+    seed0, seed2 = ("long-nuisance", 0), ("long-nuisance", 2)
+    assert [s["name"] for s in regime.next_runs(queue, {seed0}, 2)] == ["gspo-N32-seed0", "onpolicy-N1-seed0"]
+    assert [s["name"] for s in regime.next_runs(queue, {seed0, seed2}, 1)] == ["respo_pos1-N32-seed2"]
+    assert regime.next_runs(queue, {seed0, seed2}, 0) == []
+
+    # and run_all dispatches that way: a pool that runs each task when submitted, warm starts landing seed 0 first
+    from concurrent.futures import Future
+
+    started = []
+
+    class Pool:
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, *a):
+            future = Future()
+            future.set_result(fn(*a))
+            # completion order: warm starts by seed (seed 0's lands first), then runs as submitted
+            future.rank = (0, a[1]) if fn is profile else (1, len(started))
+            return future
+
+    def profile(setting, seed, *rest):
+        t1 = {"accuracy": 0.1, "entropy_per_token": 0.3, "entropy_per_response": 40.0, "mean_length": 140}
+        return {"setting": setting, "seed": seed, "train_t1": t1}
+
+    def run(spec):
+        started.append(spec["name"])
+        return {"name": spec["name"], "stage": "compare", "wall_s": 0.0}
+
+    patches = {"ProcessPoolExecutor": Pool, "as_completed": lambda fs: iter(sorted(fs, key=lambda f: f.rank)), "profile_warm_start": profile,
+               "run_one": run, "run_stats": lambda r: {"late_mean": None, "positive_branch": {"share": math.nan}}}
+    saved = {k: getattr(regime, k) for k in patches}
+    try:
+        for k, v in patches.items():
+            setattr(regime, k, v)
+        args.workers = 2
+        regime.run_all(args, queue, tmp_path / "runs")
+    finally:
+        for k, v in saved.items():
+            setattr(regime, k, v)
+    assert started == ["gspo-N32-seed0", "onpolicy-N1-seed0", "respo_pos1-N32-seed2", "dapo_clip_higher-N32-seed0"]
+
+
 def test_bad_task_settings_and_an_unpassed_gate_are_refused(regime, tmp_path, capsys):
     from respo_trl.demo.tasks import ArithmeticTask
 
