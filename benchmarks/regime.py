@@ -712,16 +712,16 @@ def plot_comparison(summary: dict, runs: dict[str, dict], path: Path) -> Path:
     return path
 
 
-def _p(x, scale=100.0, digits=1, sign=False):
+def _p(x, scale=100.0, digits=1, sign=False, unit=""):
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "n/a"
-    return f"{scale * x:{'+' if sign else ''}.{digits}f}"
+    return f"{scale * x:{'+' if sign else ''}.{digits}f}{unit}"
 
 
-def _pm(stats, scale=100.0, digits=1):
+def _pm(stats, scale=100.0, digits=1, unit=""):
     if not stats or stats.get("mean") is None:
         return "n/a"
-    return f"{scale * stats['mean']:.{digits}f} ± {scale * stats['std']:.{digits}f}"
+    return f"{scale * stats['mean']:.{digits}f} ± {scale * stats['std']:.{digits}f}{unit}"
 
 
 def markdown(summary: dict) -> str:
@@ -739,9 +739,9 @@ def markdown(summary: dict) -> str:
         lines.append(
             f"| {r['setting']} | {r['lr']:g} | {r['terms'][0]}-{r['terms'][1]} "
             f"| {'notes' if r['nuisance'] == 'notes' else 'yes' if r['nuisance'] else 'no'} "
-            f"| {r['teacher_error']:g} | {_p(t1.get('accuracy'))}% | {_p(t1.get('entropy_per_token'), 1, 3)} "
+            f"| {r['teacher_error']:g} | {_p(t1.get('accuracy'), unit='%')} | {_p(t1.get('entropy_per_token'), 1, 3)} "
             f"| {_p(t1.get('entropy_per_response'), 1, 1)} | {_p(t1.get('mean_length'), 1, 0)} | {r['positives']:.0f} "
-            f"| {_p(r['low_weight_share'])}% | {bins} | {_p(r['log_w_mean_k16'], 1, 2)} "
+            f"| {_p(r['low_weight_share'], unit='%')} | {bins} | {_p(r['log_w_mean_k16'], 1, 2)} "
             f"| {_p(kl['per_token'], 1, 5)} / {_p(kl['per_response'], 1, 3)} | {'**pass**' if r['passes'] else 'no'} |"
         )
     chosen = gate["chosen"]
@@ -761,10 +761,10 @@ def markdown(summary: dict) -> str:
             per_seed = " / ".join(_p(v["late_mean"]) for _, v in sorted(a["per_seed"].items()))
             lines.append(
                 f"| {arm} | {a['N']} | {len(a['seeds'])} | {_pm(a['late_mean'])} | {per_seed} | {_pm(a['greedy_after'])} "
-                f"| {_pm(a['sampled_after'])} | {_p(pb['share'])}% / {_p(pb['mass_share'])}% / {_p(pb['mass_ratio'], 1, 2)} "
+                f"| {_pm(a['sampled_after'])} | {_p(pb['share'], unit='%')} / {_p(pb['mass_share'], unit='%')} / {_p(pb['mass_ratio'], 1, 2)} "
                 f"| {_p(pb['respo_mass_ratio'], 1, 2)} / {_p(pb['vespo_mass_ratio'], 1, 2)} "
-                f"| {_pm(a['pos_length_growth'])}% | {_pm(a['grad_norm'], 1, 3)} | {_pm(a['per_update_kl'], 1, 5)} "
-                f"| {_pm(a['clip_ratio'], 100, 2)}% | {_pm(a['wall_s'], 1, 0)} |"
+                f"| {_pm(a['pos_length_growth'], unit='%')} | {_pm(a['grad_norm'], 1, 3)} | {_pm(a['per_update_kl'], 1, 5)} "
+                f"| {_pm(a['clip_ratio'], 100, 2, unit='%')} | {_pm(a['wall_s'], 1, 0)} |"
             )
         # seeds differ in their warm starts (and so in how far they are in the regime): per seed, every arm
         seeds = sorted({s for a in arms.values() for s in a["per_seed"]})

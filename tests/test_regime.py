@@ -200,6 +200,7 @@ def test_smoke_runs_of_the_gate_and_the_comparison(tmp_path):
     table = subprocess.run([*base, "summary", "--markdown", "--out", str(out), "--work", str(work)], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
     per_seed = table[table.index("Per seed:") :].splitlines()
+    assert "n/a%" not in table  # a missing number (no clipping in ReSPO's kernel, no staleness on-policy) has no unit
     seed0 = summary["comparison"]["arms"]["respo"]["per_seed"]["0"]
     # each arm's row shows that seed's own late-mean score and low-weight share (not a pooled number)
     assert f"| respo | {100 * seed0['late_mean']:.1f} / " in "\n".join(per_seed)
