@@ -691,16 +691,24 @@ def plot_comparison(summary: dict, runs: dict[str, dict], path: Path) -> Path:
         ax.legend(fontsize=7)
     ax = axes[2]
     others = [a for a in arms if a != "respo" and arms[a].get("respo_minus_this", {}).get("mean") is not None]
+    shown = []  # what sets the y-range: every seed's point, and the intervals over 3 or more seeds (a 2-seed t
+    # interval has 1 degree of freedom, is ten times wider, and would flatten the rest; it is drawn, off the scale)
     for i, arm in enumerate(others):
         d = arms[arm]["respo_minus_this"]
         ax.scatter([i] * len(d["per_seed"]), list(d["per_seed"].values()), color=COLORS.get(arm), s=14)
+        shown += list(d["per_seed"].values())
         if d["ci"]:
             ax.errorbar([i + 0.15], [d["mean"]], yerr=[[d["mean"] - d["ci"][0]], [d["ci"][1] - d["mean"]]], fmt="k_",
                         capsize=4)  # fmt: skip
+            if len(d["per_seed"]) >= 3:
+                shown += list(d["ci"])
+    if shown:
+        lo, hi = min(shown + [0.0, RULE["min_gain_points"]]), max(shown + [0.0, RULE["min_gain_points"]])
+        ax.set_ylim(lo - 0.1 * (hi - lo) - 0.5, hi + 0.1 * (hi - lo) + 0.5)
     ax.axhline(0, color="gray", lw=0.8)
     ax.axhline(RULE["min_gain_points"], color="tab:red", lw=0.8, ls="--", label="+3 points (the rule)")
     ax.set_xticks(range(len(others)), others, rotation=20, fontsize=8)
-    ax.set(ylabel="ReSPO minus arm, late-mean score (points)", title="paired by seed; bars: mean and 95% interval")
+    ax.set(ylabel="ReSPO minus arm, late-mean score (points)", title="paired by seed; bars: mean, 95% interval")
     ax.legend(fontsize=8)
     setting = summary["comparison"]["setting"]
     v = (summary.get("verdict") or {}).get("verdict", "n/a")
