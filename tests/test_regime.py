@@ -97,7 +97,7 @@ def test_gate_statistics_pool_by_staleness_and_over_the_first_half(regime):
     assert regime.late_mean(run) == pytest.approx(0.1 + 33 / 1000)  # the one rollout batch sampled after update 32
 
 
-def test_runs_start_in_the_comparisons_order_as_workers_free_up(regime, tmp_path):
+def test_runs_start_in_the_comparisons_order_as_workers_free_up(regime, tmp_path, monkeypatch):
     """The rule's 5-seed arms come first, seed by seed; a 3-seed arm's run whose warm start happens to be ready earlier
     does not jump ahead of them once a worker is free (the pool runs what it is given first-in first-out)."""
     args = regime.parse(["compare", "--work", str(tmp_path)])
@@ -146,17 +146,13 @@ def test_runs_start_in_the_comparisons_order_as_workers_free_up(regime, tmp_path
         started.append(spec["name"])
         return {"name": spec["name"], "stage": "compare", "wall_s": 0.0}
 
-    patches = {"ProcessPoolExecutor": Pool, "as_completed": lambda fs: iter(sorted(fs, key=lambda f: f.rank)), "profile_warm_start": profile,
-               "run_one": run, "run_stats": lambda r: {"late_mean": None, "positive_branch": {"share": math.nan}}}
-    saved = {k: getattr(regime, k) for k in patches}
-    try:
-        for k, v in patches.items():
-            setattr(regime, k, v)
-        args.workers = 2
-        regime.run_all(args, queue, tmp_path / "runs")
-    finally:
-        for k, v in saved.items():
-            setattr(regime, k, v)
+    monkeypatch.setattr(regime, "ProcessPoolExecutor", Pool)
+    monkeypatch.setattr(regime, "as_completed", lambda fs: iter(sorted(fs, key=lambda f: f.rank)))
+    monkeypatch.setattr(regime, "profile_warm_start", profile)
+    monkeypatch.setattr(regime, "run_one", run)
+    monkeypatch.setattr(regime, "run_stats", lambda r: {"late_mean": None, "positive_branch": {"share": math.nan}})
+    args.workers = 2
+    regime.run_all(args, queue, tmp_path / "runs")
     assert started == ["gspo-N32-seed0", "onpolicy-N1-seed0", "respo_pos1-N32-seed2", "dapo_clip_higher-N32-seed0"]
 
 
