@@ -23,6 +23,8 @@ rerun; ``--fresh`` starts a stage over):
     python benchmarks/regime.py compare                    # ~12 h on 2 cores, resumable across sessions
     python benchmarks/regime.py compare --arms dapo respo --seeds 0 1   # a slice
     python benchmarks/regime.py summary                    # JSON, tables and plots from the finished runs
+    python benchmarks/regime.py compare --out docs/benchmarks/regime_posthoc/x --gate-dir docs/benchmarks/regime/gate \
+        --lr 7e-5 --arms respo --seeds 1 3                 # post-hoc, away from the gate's choice: no verdict
     python benchmarks/regime.py summary --markdown         # the docs tables (docs/benchmarks.md, section 5)
     python benchmarks/regime.py gate --smoke --out /tmp/regime   # seconds; what the test suite runs
 
@@ -375,6 +377,19 @@ def verdict(gate_passed: bool, scores: dict[str, dict[int, float]]) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def posthoc_reason(gate: dict, setting: str | None, lr: float | None) -> str | None:
+    """Why the decision rule does not apply to a comparison run away from the gate's choice (another learning rate or
+    setting: a post-hoc experiment), or None. The rule was written for the gated configuration only; applying it
+    elsewhere would turn an exploratory run into a verdict."""
+    chosen = gate.get("chosen")
+    if not chosen or setting is None or lr is None:
+        return None  # no choice to depart from: the rule itself reports an unpassed gate
+    if setting == chosen["setting"] and math.isclose(lr, chosen["lr"], rel_tol=1e-9):
+        return None
+    return (f"post-hoc: {setting} at lr {lr:g} is not the gate's choice ({chosen['setting']} at lr {chosen['lr']:g}); "
+            "the decision rule is not applied")
+
+
 def gate_name(setting: str, lr: float) -> str:
     return f"{setting}-lr{lr:g}"
 
@@ -590,23 +605,26 @@ def compare_summary(runs: dict[str, dict]) -> dict:
 def write_summary(args, out: Path) -> dict:
     from benchmarks.machine import machine_info
 
-    gate_runs = {p.stem: json.loads(p.read_text()) for p in sorted(Path(out, "gate").glob("*.json"))}
+    gate_runs = {p.stem: json.loads(p.read_text()) for p in sorted(gate_dir(args).glob("*.json"))}
     compare_runs = {p.stem: json.loads(p.read_text()) for p in sorted(Path(out, "arms").glob("*.json"))}
     gate = gate_summary(args, gate_runs)
     comparison = compare_summary(compare_runs) if compare_runs else {"arms": {}, "scores": {}}
     setting = next(iter(compare_runs.values()))["setting"] if compare_runs else None
     lr = next(iter(compare_runs.values()))["lr"] if compare_runs else None
+    posthoc = posthoc_reason(gate, setting, lr)
     summary = {
         "gate": gate,
         "comparison": {"setting": setting, "lr": lr, "N": N_PAPER, "arms": comparison["arms"],
                        "updates": next(iter(compare_runs.values()))["updates"] if compare_runs else None},
-        "verdict": verdict(gate["passed"], comparison["scores"]) if comparison["scores"] else None,
+        "verdict": verdict(gate["passed"], comparison["scores"]) if comparison["scores"] and not posthoc else None,
+        "posthoc": posthoc,
         "machine": {**machine_info(), "workers": args.workers, "threads_per_worker": 1},
         "command": "python benchmarks/regime.py " + " ".join(sys.argv[1:]),
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "regime.json").write_text(json.dumps(summary, indent=1))
-    plots = [plot_gate(summary, out / "regime_gate.png")] if gate["map"] else []
+    own_gate = gate_dir(args).resolve() == Path(out, "gate").resolve()  # a borrowed gate is plotted where it lives
+    plots = [plot_gate(summary, out / "regime_gate.png")] if gate["map"] and own_gate else []
     if comparison["arms"]:
         plots.append(plot_comparison(summary, compare_runs, out / "regime_comparison.png"))
     print(markdown(summary))
@@ -794,6 +812,8 @@ def markdown(summary: dict) -> str:
             lines.append(f"| {arm} | {len(d['seeds'])} | {per} | {d['mean']:+.1f} | {ci} "
                          f"| {'n/a' if not h or h['mean'] is None else format(h['mean'], '+.1f')}{hci} |")  # fmt: skip
     v = summary.get("verdict")
+    if summary.get("posthoc"):
+        lines += ["", f"Verdict: none ({summary['posthoc']})"]
     if v:
         lines += ["", f"Verdict: **{v['verdict']}** (best baseline: {v['best_baseline']}; {v.get('reason', '')})"
                   + (f"; seeds to resolve at the observed spread: {v['seeds_to_resolve']}" if v.get("seeds_to_resolve") else "")]  # fmt: skip
@@ -810,6 +830,8 @@ def parse(argv=None):
     p.add_argument("stage", choices=["gate", "compare", "summary"], help="What to run (see the module docstring).")
     p.add_argument("--out", default="docs/benchmarks/regime", help="Output folder: gate/, arms/, regime.json, plots.")
     p.add_argument("--work", default="outputs/regime", help="Warm starts (with their profiles), logs, scratch space.")
+    p.add_argument("--gate-dir", default=None, help="compare/summary: the gate's runs (default: OUT/gate). A post-hoc "
+                   "comparison in another --out reuses the committed gate; away from the gate's choice no verdict is given.")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="compare: the arms to run.")
     p.add_argument("--seeds", nargs="+", type=int, default=None, help="compare: seeds (default: each arm's count).")
     p.add_argument("--setting", default=None, help="compare: task setting (default: the gate's choice).")
@@ -829,6 +851,10 @@ def parse(argv=None):
     return args
 
 
+def gate_dir(args) -> Path:
+    return Path(args.gate_dir) if args.gate_dir else Path(args.out, "gate")
+
+
 def main(argv=None) -> dict:
     args = parse(argv)
     out = Path(args.out)
@@ -845,7 +871,7 @@ def main(argv=None) -> dict:
             shutil.rmtree(runs_dir, ignore_errors=True)
         run_all(args, gate_specs(args), runs_dir)
         return write_summary(args, out)
-    gate_runs = {p.stem: json.loads(p.read_text()) for p in sorted(Path(out, "gate").glob("*.json"))}
+    gate_runs = {p.stem: json.loads(p.read_text()) for p in sorted(gate_dir(args).glob("*.json"))}
     gate = gate_summary(args, gate_runs)
     setting, lr = args.setting, args.lr
     if gate["chosen"] is None and not args.override_gate:

@@ -156,6 +156,37 @@ def test_runs_start_in_the_comparisons_order_as_workers_free_up(regime, tmp_path
     assert started == ["gspo-N32-seed0", "onpolicy-N1-seed0", "respo_pos1-N32-seed2", "dapo_clip_higher-N32-seed0"]
 
 
+def test_a_comparison_away_from_the_gates_choice_gets_no_verdict(regime, tmp_path, capsys):
+    """A post-hoc run (another learning rate) reuses the committed gate through --gate-dir; the decision rule, written
+    for the gated configuration, is not applied to it. At the gate's own choice it is."""
+    gate_dir = tmp_path / "regime" / "gate"
+    gate_dir.mkdir(parents=True)
+    gate_run = {**history(low_at=lambda k: k >= 8), "setting": "long-nuisance", "lr": 1e-4}  # 18.75% low-W: passes
+    (gate_dir / "long-nuisance-lr0.0001.json").write_text(json.dumps(gate_run))
+
+    def summarise(lr):
+        out = tmp_path / f"posthoc-{lr:g}"
+        (out / "arms").mkdir(parents=True)
+        for arm, bump in (("respo", 0.0), ("vespo", 0.05)):
+            run = history()
+            for h in run["history"]:
+                if "reward" in h:
+                    h["reward"] += bump
+            run.update(arm=arm, seed=0, lr=lr, setting="long-nuisance", loss_args=[], name=f"{arm}-N32-seed0")
+            (out / "arms" / f"{arm}-N32-seed0.json").write_text(json.dumps(run))
+        args = regime.parse(["summary", "--out", str(out), "--work", str(tmp_path / "work"), "--gate-dir", str(gate_dir)])
+        return out, regime.write_summary(args, out)
+
+    out, posthoc = summarise(7e-5)
+    assert posthoc["gate"]["chosen"] == {"setting": "long-nuisance", "lr": 1e-4}
+    assert posthoc["verdict"] is None and "lr 7e-05 is not the gate's choice" in posthoc["posthoc"]
+    assert "Verdict: none (post-hoc" in capsys.readouterr().out
+    assert (out / "regime_comparison.png").is_file() and not (out / "regime_gate.png").exists()  # gate plotted at home
+    _, gated = summarise(1e-4)
+    assert gated["posthoc"] is None and gated["verdict"]["best_baseline"] == "vespo"
+    assert regime.posthoc_reason({"chosen": None}, "long", 7e-5) is None  # no gate choice: the rule says so itself
+
+
 def test_bad_task_settings_and_an_unpassed_gate_are_refused(regime, tmp_path, capsys):
     from respo_trl.demo.tasks import ArithmeticTask
 
