@@ -602,6 +602,25 @@ def compare_summary(runs: dict[str, dict]) -> dict:
     return {"arms": arms, "scores": scores}
 
 
+def against(summary: dict, reference: dict) -> list[dict]:
+    """A post-hoc comparison's arms against a reference one (the pre-registered comparison), seed by seed: the
+    late-mean score of each arm here minus each arm there on their common seeds (points, as :func:`paired`), with the
+    per-update KL of both, so a change of learning rate can be read at its policy movement."""
+
+    def per_seed(arm: dict, key: str) -> dict[int, float]:  # JSON keys are strings, fresh summaries' are ints
+        return {int(s): v[key] for s, v in arm["per_seed"].items() if v.get(key) is not None}
+
+    rows = []
+    for name, arm in summary["comparison"]["arms"].items():
+        for ref_name, ref in reference["comparison"]["arms"].items():
+            d = paired(per_seed(arm, "late_mean"), per_seed(ref, "late_mean"))
+            if d["seeds"]:
+                kl, ref_kl = per_seed(arm, "per_update_kl"), per_seed(ref, "per_update_kl")
+                rows.append({"arm": name, "reference": ref_name, **d, "per_update_kl": {s: kl.get(s) for s in d["seeds"]},
+                             "reference_per_update_kl": {s: ref_kl.get(s) for s in d["seeds"]}})  # fmt: skip
+    return rows
+
+
 def write_summary(args, out: Path) -> dict:
     from benchmarks.machine import machine_info
 
@@ -621,6 +640,10 @@ def write_summary(args, out: Path) -> dict:
         "machine": {**machine_info(), "workers": args.workers, "threads_per_worker": 1},
         "command": "python benchmarks/regime.py " + " ".join(sys.argv[1:]),
     }
+    if args.against:
+        reference = json.loads(Path(args.against, "regime.json").read_text())
+        summary["against"] = {"dir": str(args.against), "lr": reference["comparison"]["lr"],
+                              "rows": against(summary, reference)}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / "regime.json").write_text(json.dumps(summary, indent=1))
     own_gate = gate_dir(args).resolve() == Path(out, "gate").resolve()  # a borrowed gate is plotted where it lives
@@ -811,6 +834,17 @@ def markdown(summary: dict) -> str:
             per = " / ".join(f"{v:+.1f}" for _, v in sorted(d["per_seed"].items()))
             lines.append(f"| {arm} | {len(d['seeds'])} | {per} | {d['mean']:+.1f} | {ci} "
                          f"| {'n/a' if not h or h['mean'] is None else format(h['mean'], '+.1f')}{hci} |")  # fmt: skip
+    if summary.get("against"):
+        ref = summary["against"]
+        lines += ["", f"Against `{ref['dir']}` (lr {ref['lr']:g}): late-mean score, the arm here minus the arm there, "
+                  "by seed (points); per-update KL per token (x 1e-5), here / there, by seed:", "",
+                  "| arm here | minus | seeds | per seed (points) | mean | per-update KL, here / there |",
+                  "|---|---|---|---|---:|---|"]  # fmt: skip
+        for r in ref["rows"]:
+            seeds = sorted(r["per_seed"], key=int)
+            kl = " ; ".join(f"{_p(r['per_update_kl'][s], 1e5, 1)} / {_p(r['reference_per_update_kl'][s], 1e5, 1)}" for s in seeds)
+            per = " / ".join(f"{r['per_seed'][s]:+.1f}" for s in seeds)
+            lines.append(f"| {r['arm']} | {r['reference']} | {', '.join(map(str, seeds))} | {per} | {r['mean']:+.1f} | {kl} |")
     v = summary.get("verdict")
     if summary.get("posthoc"):
         lines += ["", f"Verdict: none ({summary['posthoc']})"]
@@ -832,6 +866,8 @@ def parse(argv=None):
     p.add_argument("--work", default="outputs/regime", help="Warm starts (with their profiles), logs, scratch space.")
     p.add_argument("--gate-dir", default=None, help="compare/summary: the gate's runs (default: OUT/gate). A post-hoc "
                    "comparison in another --out reuses the committed gate; away from the gate's choice no verdict is given.")
+    p.add_argument("--against", default=None, help="compare/summary: a reference comparison's folder (its regime.json; "
+                   "e.g. docs/benchmarks/regime): each arm here minus each arm there, by seed, with both per-update KLs.")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="compare: the arms to run.")
     p.add_argument("--seeds", nargs="+", type=int, default=None, help="compare: seeds (default: each arm's count).")
     p.add_argument("--setting", default=None, help="compare: task setting (default: the gate's choice).")
