@@ -838,13 +838,14 @@ def markdown(summary: dict) -> str:
         ref = summary["against"]
         lines += ["", f"Against `{ref['dir']}` (lr {ref['lr']:g}): late-mean score, the arm here minus the arm there, "
                   "by seed (points); per-update KL per token (x 1e-5), here / there, by seed:", "",
-                  "| arm here | minus | seeds | per seed (points) | mean | per-update KL, here / there |",
-                  "|---|---|---|---|---:|---|"]  # fmt: skip
+                  "| arm here | minus | seeds | per seed (points) | mean | 95% interval | per-update KL, here / there |",
+                  "|---|---|---|---|---:|---|---|"]  # fmt: skip
         for r in ref["rows"]:
             seeds = sorted(r["per_seed"], key=int)
             kl = " ; ".join(f"{_p(r['per_update_kl'][s], 1e5, 1)} / {_p(r['reference_per_update_kl'][s], 1e5, 1)}" for s in seeds)
             per = " / ".join(f"{r['per_seed'][s]:+.1f}" for s in seeds)
-            lines.append(f"| {r['arm']} | {r['reference']} | {', '.join(map(str, seeds))} | {per} | {r['mean']:+.1f} | {kl} |")
+            ci = "n/a" if not r["ci"] else f"[{r['ci'][0]:+.1f}, {r['ci'][1]:+.1f}]"
+            lines.append(f"| {r['arm']} | {r['reference']} | {', '.join(map(str, seeds))} | {per} | {r['mean']:+.1f} | {ci} | {kl} |")
     v = summary.get("verdict")
     if summary.get("posthoc"):
         lines += ["", f"Verdict: none ({summary['posthoc']})"]

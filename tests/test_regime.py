@@ -193,7 +193,7 @@ def test_a_comparison_away_from_the_gates_choice_gets_no_verdict(regime, tmp_pat
     assert by_pair["vespo", "respo"]["mean"] == pytest.approx(5.0) and by_pair["respo", "respo"]["mean"] == 0.0
     assert by_pair["respo", "vespo"]["per_update_kl"][0] == pytest.approx(0.001)  # k = 1 rows: offpolicy/kl = 0.001
     table = regime.markdown(json.loads((tmp_path / "posthoc-7e-05" / "regime.json").read_text()))
-    assert "| respo | vespo | 0 | -5.0 | -5.0 | 100.0 / 100.0 |" in table
+    assert "| respo | vespo | 0 | -5.0 | -5.0 | n/a | 100.0 / 100.0 |" in table  # one seed: no interval
     assert regime.posthoc_reason({"chosen": None}, "long", 7e-5) is None  # no gate choice: the rule says so itself
 
 
