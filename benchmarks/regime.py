@@ -885,6 +885,10 @@ def parse(argv=None):
         p.error("--workers must be >= 1")
     if args.setting is not None and args.setting not in SETTINGS:
         p.error(f"--setting must be one of {sorted(SETTINGS)}, got {args.setting!r}")
+    if args.gate_dir is not None and not Path(args.gate_dir).is_dir():
+        p.error(f"--gate-dir {args.gate_dir!r} is not a folder (the gate's runs, e.g. docs/benchmarks/regime/gate)")
+    if args.against is not None and not Path(args.against, "regime.json").is_file():
+        p.error(f"--against {args.against!r} has no regime.json (a comparison's folder, e.g. docs/benchmarks/regime)")
     return args
 
 

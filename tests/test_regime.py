@@ -207,6 +207,10 @@ def test_bad_task_settings_and_an_unpassed_gate_are_refused(regime, tmp_path, ca
     with pytest.raises(SystemExit):
         regime.parse(["compare", "--setting", "nonsense"])
     assert "--setting must be one of" in capsys.readouterr().err
+    for flag, folder in (("--gate-dir", tmp_path / "nowhere"), ("--against", tmp_path)):  # tmp_path has no regime.json
+        with pytest.raises(SystemExit):
+            regime.parse(["summary", flag, str(folder)])
+        assert f"{flag} {str(folder)!r}" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="no task setting passed the regime gate"):
         regime.main(["compare", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
 
