@@ -372,11 +372,6 @@ def verdict(gate_passed: bool, scores: dict[str, dict[int, float]]) -> dict:
     return out
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Stages
-# ---------------------------------------------------------------------------------------------------------------------
-
-
 def posthoc_reason(gate: dict, setting: str | None, lr: float | None) -> str | None:
     """Why the decision rule does not apply to a comparison run away from the gate's choice (another learning rate or
     setting: a post-hoc experiment), or None. The rule was written for the gated configuration only; applying it
@@ -388,6 +383,11 @@ def posthoc_reason(gate: dict, setting: str | None, lr: float | None) -> str | N
         return None
     return (f"post-hoc: {setting} at lr {lr:g} is not the gate's choice ({chosen['setting']} at lr {chosen['lr']:g}); "
             "the decision rule is not applied")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Stages
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 def gate_name(setting: str, lr: float) -> str:
@@ -417,7 +417,7 @@ def next_runs(queue: list[dict], ready: set, free: int) -> list[dict]:
 
 def run_all(args, specs: list[dict], runs_dir: Path) -> dict[str, dict]:
     """Warm starts first (profiled once per setting and seed), then every run not already in ``runs_dir``."""
-    done = {p.stem: json.loads(p.read_text()) for p in runs_dir.glob("*.json")}
+    done = load_runs(runs_dir)
     todo = [s for s in specs if s["name"] not in done]
     warm = {(s["setting"], s["seed"]): s for s in todo}
     profiles_needed = [s for s in warm.values() if not Path(s["warm_path"], "regime_profile.json").exists()]
@@ -624,8 +624,8 @@ def against(summary: dict, reference: dict) -> list[dict]:
 def write_summary(args, out: Path) -> dict:
     from benchmarks.machine import machine_info
 
-    gate_runs = {p.stem: json.loads(p.read_text()) for p in sorted(gate_dir(args).glob("*.json"))}
-    compare_runs = {p.stem: json.loads(p.read_text()) for p in sorted(Path(out, "arms").glob("*.json"))}
+    gate_runs = load_runs(gate_dir(args))
+    compare_runs = load_runs(Path(out, "arms"))
     gate = gate_summary(args, gate_runs)
     comparison = compare_summary(compare_runs) if compare_runs else {"arms": {}, "scores": {}}
     setting = next(iter(compare_runs.values()))["setting"] if compare_runs else None
@@ -892,6 +892,11 @@ def parse(argv=None):
     return args
 
 
+def load_runs(folder: Path) -> dict[str, dict]:
+    """The finished runs' records in ``folder``, by run name (sorted: the summary's order does not depend on the disk)."""
+    return {p.stem: json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json"))}
+
+
 def gate_dir(args) -> Path:
     return Path(args.gate_dir) if args.gate_dir else Path(args.out, "gate")
 
@@ -912,7 +917,7 @@ def main(argv=None) -> dict:
             shutil.rmtree(runs_dir, ignore_errors=True)
         run_all(args, gate_specs(args), runs_dir)
         return write_summary(args, out)
-    gate_runs = {p.stem: json.loads(p.read_text()) for p in sorted(gate_dir(args).glob("*.json"))}
+    gate_runs = load_runs(gate_dir(args))
     gate = gate_summary(args, gate_runs)
     setting, lr = args.setting, args.lr
     if gate["chosen"] is None and not args.override_gate:
