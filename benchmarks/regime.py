@@ -836,8 +836,8 @@ def markdown(summary: dict) -> str:
                          f"| {'n/a' if not h or h['mean'] is None else format(h['mean'], '+.1f')}{hci} |")  # fmt: skip
     if summary.get("against"):
         ref = summary["against"]
-        lines += ["", f"Against `{ref['dir']}` (lr {ref['lr']:g}): late-mean score, the arm here minus the arm there, "
-                  "by seed (points); per-update KL per token (x 1e-5), here / there, by seed:", "",
+        lines += ["", (f"Against `{ref['dir']}` (lr {ref['lr']:g}): late-mean score, the arm here minus the arm there, "
+                       "by seed (points); per-update KL per token (x 1e-5), here / there, by seed:"), "",
                   "| arm here | minus | seeds | per seed (points) | mean | 95% interval | per-update KL, here / there |",
                   "|---|---|---|---|---:|---|---|"]  # fmt: skip
         for r in ref["rows"]:
