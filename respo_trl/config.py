@@ -359,9 +359,10 @@ def respo_notes(args: ReSPOConfig) -> list[str]:
     notes = []
     if args.respo_trust_mask_active and args.importance_sampling_level != "token" and args.respo_trust_epsilon is None:
         low, high, _ = args.respo_trust_bounds
+        seq_high = args.epsilon if args.epsilon_high is None else args.epsilon_high  # TRL: unset high = epsilon
         notes.append(
             f"the token trust mask uses token-ratio bounds {low:g} / {high:g} (TRL's token default), not the "
-            f"sequence-level epsilon {args.epsilon:g} / {args.epsilon_high:g} of this config; set "
+            f"sequence-level epsilon {args.epsilon:g} / {seq_high:g} of this config; set "
             "respo_trust_epsilon / respo_trust_epsilon_high to choose them."
         )
     if args.importance_sampling_level != "token":
