@@ -8,18 +8,20 @@ ReSPO does with the settings it reinterprets; the trainer logs them once.
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .kernels import RESPO_DEFAULTS, check_constant
+from .kernels import RESPO_DEFAULTS, TRL_LOSS_TYPES, check_constant
 from .routing_replay import config_problems
 
 TRUST_MASK_MODES = ("auto", "directional", "none")
 # TRL's token-level clip defaults (GRPOConfig.epsilon; epsilon_high defaults to epsilon): the trust mask's bounds when
 # TRL's own epsilons are sequence-level (GSPO-style configs), where they mean something else entirely.
 TRL_TOKEN_EPSILON = GRPOConfig.__dataclass_fields__["epsilon"].default
+LOSS_TYPES = tuple(TRL_LOSS_TYPES)  # what ReSPOTrainer trains: every TRL 1.16 loss_type and ReSPO
 SAMPLER_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL 1.16's vLLM IS modes
 
 # ReSPOConfig field -> (kernel argument, kind checked by `check_constant`)
@@ -31,6 +33,14 @@ KERNEL_FIELDS = {
     "respo_beta_neg": ("beta_neg", "beta"),
     "respo_lambda_neg": ("lam_neg", "lam"),
 }
+
+
+def check_loss_type(loss_type) -> None:
+    """Refuse an unknown ``loss_type`` with the config, before a model loads (TRL would only fail in the trainer)."""
+    if loss_type not in LOSS_TYPES:
+        close = difflib.get_close_matches(str(loss_type), LOSS_TYPES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"loss_type={loss_type!r} is not a registered loss{hint}: use one of {', '.join(LOSS_TYPES)}")
 
 
 def _positive_int(name: str, value) -> int:
@@ -221,6 +231,7 @@ class ReSPOConfig(GRPOConfig):
     def __post_init__(self):
         # ReSPO's own checks first: a bad ReSPO value is reported even where TRL/transformers would fail first on
         # something else (e.g. bf16 on a CPU).
+        check_loss_type(self.loss_type)
         self._apply_updates_per_rollout()
         self._reconcile_reuse()
         self.validate_respo()

@@ -133,3 +133,18 @@ def test_a_config_trl_trains_trains_through_the_drop_in(case, model_dir, tokeniz
     ours = losses(trainer)
     assert len(ours) == 2 and all(map(math.isfinite, ours)), ours
     json.dumps(trainer.state.log_history)  # the logged metrics serialise (what report_to and the console print)
+
+
+def test_a_misspelt_loss_type_is_refused_by_the_config_in_one_line(tmp_path):
+    """Before 0.4 ``ReSPOConfig(loss_type="respoo")`` was accepted and failed only once the trainer was built, after
+    the model had loaded."""
+    from respo_trl import ReSPOConfig
+    from respo_trl.config import LOSS_TYPES
+
+    with pytest.raises(ValueError) as error:
+        ReSPOConfig(output_dir=str(tmp_path), loss_type="respoo")  # bf16 on a CPU would fail too: ours comes first
+    message = str(error.value)
+    assert "\n" not in message and "loss_type='respoo'" in message and "did you mean 'respo'?" in message
+    assert all(name in message for name in LOSS_TYPES) and {"respo", "vespo", "dapo", "grpo"} <= set(LOSS_TYPES)
+    for loss_type in LOSS_TYPES:  # every registered loss is accepted
+        assert ReSPOConfig(**{**CPU_ARGS, "output_dir": str(tmp_path), "loss_type": loss_type}).loss_type == loss_type
