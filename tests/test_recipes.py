@@ -236,6 +236,24 @@ def test_dry_run_prints_the_plan_for_the_process_count_it_names(recipe):
     assert plan["output_dir"] == "outputs/paper-qwen3-30b-a3b-base-respo-n32-seed0"
 
 
+def test_a_bare_dry_run_plans_for_the_launch(recipe, monkeypatch, capsys):
+    """``--dry_run`` without a count (0.3: argparse's usage and 'expected one argument') takes the launch's process
+    count; ``--help`` prints the full usage (0.3 refused it as an unknown option)."""
+    import respo_trl.recipe.args as args_module
+
+    argv = ["--preset", "paper-qwen3-1.7b-base", "--use_cpu", "true", "--dry_run"]
+    assert recipe.parse_args(argv)[0].dry_run == 1  # no launcher
+    monkeypatch.setattr(args_module, "launch_processes", lambda: 16)
+    script, training, model = recipe.parse_args(argv + ["--seed", "3"])
+    assert script.dry_run == 16 and training.seed == 3  # the bare flag does not swallow the next one
+    plan = dict(line.split(None, 1) if line.startswith("processes") else ("", "") for line in
+                recipe.batch_plan(script, training, model).splitlines())  # fmt: skip
+    assert plan["processes"] == "16" and training.gradient_accumulation_steps == 8  # 2 per device x 16 x 8 = 256
+    with pytest.raises(SystemExit) as exit_info:
+        recipe.cli(["--help"])
+    assert exit_info.value.code == 0 and "--dry_run [DRY_RUN]" in capsys.readouterr().out
+
+
 def test_paper_preset_on_fewer_gpus_than_vllm_tensor_parallelism_names_the_field(recipe):
     with pytest.raises(ValueError, match="vllm_tensor_parallel_size 4 does not divide 1 processes"):
         paper_args(recipe, "paper-qwen3-30b-a3b-base", processes=1)
@@ -656,6 +674,8 @@ def test_two_process_deepspeed_on_cpu(tmp_path, config):
         (["--model_name_or_path", "./no-such-model"], "--model_name_or_path './no-such-model': no such directory"),
         (["--preset", "tiny_cpu"], "preset 'tiny_cpu' was renamed 'tiny-cpu'"),
         (["--resume_from_checkpoint", "true"], "holds no complete checkpoint-N folder"),
+        (["--seed"], "argument --seed: expected one argument; see --help"),  # argparse's own: no 270-line usage
+        (["--seed", "x"], "argument --seed: invalid int value: 'x'; see --help"),
     ],
 )
 def test_bad_input_ends_in_one_line_and_exit_status_2(recipe, tmp_path, capsys, argv, message):

@@ -45,6 +45,7 @@ ALGORITHMS = {
     "vespo": {"loss_type": "vespo", "importance_sampling_level": "token"},
 }
 SOFT_OVERLONG = "soft_overlong"
+LAUNCH_PROCESSES = -1  # a bare --dry_run: the process count of the launch it runs under
 
 
 
@@ -272,7 +273,10 @@ class RecipeArguments:
         default=0,
         metadata={
             "help": "Check the configuration as it would run on this many processes, print the batch arithmetic in "
-            "TRL's and the paper's terms, and exit without loading a model, tokenizer or dataset (0: train)."
+            "TRL's and the paper's terms, and exit without loading a model, tokenizer or dataset (0: train; a bare "
+            "--dry_run: the launch's process count, 1 without a launcher).",
+            "nargs": "?",
+            "const": LAUNCH_PROCESSES,
         },
     )
 
@@ -322,8 +326,31 @@ def resolve_argv(argv: list[str], configs_dir: Path) -> list[str]:
     return argv
 
 
+class RecipeParser(TrlParser):
+    """``TrlParser`` whose own errors (a flag without its value, a value of the wrong type) are one line, like every
+    other refusal: argparse prints the whole usage first (~270 lines with TRL's fields); ``--help`` still does."""
+
+    def error(self, message):
+        raise RecipeError(f"{message}; see --help")
+
+
 def make_parser(config_class=ReSPOConfig) -> TrlParser:
-    return TrlParser((RecipeArguments, config_class, ModelConfig))
+    return RecipeParser((RecipeArguments, config_class, ModelConfig))
+
+
+def launch_processes() -> int:
+    """The process count of the launch this process belongs to (``accelerate launch`` and ``torchrun`` set
+    ``WORLD_SIZE``), 1 without a launcher."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def resolve_dry_run(script_args: RecipeArguments) -> RecipeArguments:
+    """A bare ``--dry_run`` plans for the launch's process count; a negative count is refused."""
+    if script_args.dry_run == LAUNCH_PROCESSES:
+        script_args.dry_run = launch_processes()
+    if script_args.dry_run < 0:
+        raise RecipeError(f"--dry_run {script_args.dry_run}: give a process count >= 1, or no value for the launch's")
+    return script_args
 
 
 @dataclass
@@ -351,9 +378,10 @@ def parse_args(argv: list[str] | None, configs_dir: Path, num_processes: int | N
             value = flag.split("=", 1)[1] if "=" in flag else (argv[i + 1] if i + 1 < len(argv) else "")
             check_model_path(value)
     script_args, raw, _ = make_parser(UncheckedConfig).parse_args_and_config(argv)
-    planned = num_processes or script_args.dry_run or int(os.environ.get("WORLD_SIZE", "1"))  # set by launchers
+    planned = num_processes or resolve_dry_run(script_args).dry_run or launch_processes()
     extra = derived_overrides(script_args, raw, explicit_flags(argv), planned)
     script_args, training_args, model_args = make_parser().parse_args_and_config([*argv, *extra])
+    resolve_dry_run(script_args)
     validate_args(script_args, training_args, model_args, num_processes=num_processes or script_args.dry_run or None)
     return script_args, training_args, model_args
 
@@ -384,11 +412,11 @@ def batch_plan(script_args: RecipeArguments, training_args: ReSPOConfig, model_a
 
 
 def known_flags() -> list[str]:
-    """Every option the recipe accepts (the three dataclasses' fields, plus TrlParser's ``--config``)."""
+    """Every option the recipe accepts (the three dataclasses' fields, plus TrlParser's ``--config`` and ``--help``)."""
     from dataclasses import fields
 
     names = {f.name for cls in (RecipeArguments, ReSPOConfig, ModelConfig) for f in fields(cls)}
-    return sorted(names | {"config"})
+    return sorted(names | {"config", "help"})
 
 
 def check_flags(argv: list[str]) -> None:
