@@ -3,7 +3,9 @@
 Each process holds its own slice of the generation batch (what TRL's ``_generate_and_score_completions`` returns on
 that process). A pass splits the slice into ``steps_per_generation`` micro-batches; with ``reshuffle`` every pass after
 the first draws a new composition from a generator seeded by ``(seed, generation index, pass)``, so the order is
-reproducible across a checkpoint/resume without saving any RNG state.
+reproducible across a checkpoint/resume without saving any RNG state. With ``group_size`` (whole GRPO groups per
+micro-batch) the permutation moves groups of ``group_size`` contiguous rows, in every pass including the first: a
+micro-batch is then a whole number of groups, each of a group's rows at the same staleness.
 
 Every rollout carries ``rollout_step``, the optimizer step (policy version) it was sampled at; the trainer derives
 staleness from it. The buffer also counts the completion tokens ever sampled (the sampling compute) and the early
@@ -115,6 +117,24 @@ def _to(value: Any, device: torch.device | str | None) -> Any:
     return value
 
 
+def check_contiguous_groups(batch: Batch, group_size: int) -> None:
+    """Raise (one line) unless every block of ``group_size`` consecutive rows shares one prompt: what whole-group
+    mini-batches assume of TRL's generation batch (its sampler repeats each prompt ``num_generations`` times in a
+    row). Compares ``prompt_ids`` under ``prompt_mask``."""
+    ids, mask = batch["prompt_ids"], batch["prompt_mask"].bool()
+    if ids.shape[0] % group_size:
+        raise ValueError(f"generation slice of {ids.shape[0]} rows is not whole groups of num_generations={group_size}")
+    prompts = torch.where(mask, ids, -1).reshape(-1, group_size, ids.shape[-1])
+    split = (prompts != prompts[:, :1]).any(-1).any(-1)
+    if split.any():
+        first = int(split.nonzero()[0])
+        raise ValueError(
+            f"respo_whole_groups: rows {first * group_size}-{(first + 1) * group_size - 1} of the generation batch are "
+            f"not one prompt's num_generations={group_size} completions (groups are not contiguous); use TRL's "
+            "RepeatSampler order or set respo_whole_groups=False"
+        )
+
+
 class RolloutBuffer:
     """Serves one stored generation batch as ``steps_per_generation`` micro-batches per pass, for ``reuse`` passes."""
 
@@ -126,15 +146,19 @@ class RolloutBuffer:
         seed: int = 0,
         storage_device: str | torch.device | None = None,
         num_processes: int = 1,
+        group_size: int | None = None,
     ):
         if reuse < 1:
             raise ValueError(f"reuse must be >= 1, got {reuse}")
+        if group_size is not None and group_size < 1:
+            raise ValueError(f"group_size must be >= 1 or None, got {group_size}")
         self.reuse = reuse
         self.steps_per_generation = steps_per_generation
         self.reshuffle = reshuffle
         self.seed = seed
         self.storage_device = storage_device  # None: keep tensors where they were produced
         self.num_processes = num_processes  # each process holds its own slice: a resume needs the same number
+        self.group_size = group_size  # None: rows are the unit of the shuffle; else whole groups of this many rows
         self.batch: Batch | None = None
         self.generation_index = 0  # how many batches were stored (fresh or refreshed)
         self.generated_tokens = 0  # completion tokens sampled so far, summed over processes
@@ -158,6 +182,11 @@ class RolloutBuffer:
             raise ValueError(
                 f"generation batch of {size} rollouts cannot be split into {self.steps_per_generation} equal micro-batches"
             )
+        if self.group_size is not None and (size // self.steps_per_generation) % self.group_size:
+            raise ValueError(
+                f"micro-batches of {size // self.steps_per_generation} rollouts are not whole groups of "
+                f"{self.group_size}: make per_device_train_batch_size a multiple of num_generations"
+            )
         self.batch = batch
         self.generation_index += 1
         self.first_pass = first_pass
@@ -168,14 +197,17 @@ class RolloutBuffer:
         return self.batch is None
 
     def permutation(self, pass_index: int) -> torch.Tensor:
-        """Order of the stored rollouts in pass ``pass_index``: identity for pass 0 or without reshuffling."""
+        """Order of the stored rollouts in pass ``pass_index``. Rows: identity for pass 0 or without reshuffling.
+        Groups: a seeded permutation of whole groups in every pass (pass 0's again without reshuffling)."""
         size = _batch_size(self.batch)
-        if pass_index == 0 or not self.reshuffle:
+        if self.group_size is None and (pass_index == 0 or not self.reshuffle):
             return torch.arange(size)
-        generator = torch.Generator().manual_seed(
-            (self.seed * 1_000_003 + self.generation_index * 9_973 + pass_index) % (2**63)
-        )
-        return torch.randperm(size, generator=generator)
+        draw = pass_index if self.reshuffle else 0
+        generator = torch.Generator().manual_seed((self.seed * 1_000_003 + self.generation_index * 9_973 + draw) % (2**63))
+        if self.group_size is None:
+            return torch.randperm(size, generator=generator)
+        groups = torch.randperm(size // self.group_size, generator=generator)
+        return (groups[:, None] * self.group_size + torch.arange(self.group_size)).reshape(-1)
 
     def micro_batch(self, pass_index: int, micro_index: int, device: torch.device | str | None = None) -> Batch:
         """Micro-batch ``micro_index`` of the batch's own pass ``pass_index``. In the identity order (the first pass,
@@ -185,7 +217,7 @@ class RolloutBuffer:
             raise RuntimeError("the rollout buffer is empty: store a generation batch first")
         size = _batch_size(self.batch)
         width = size // self.steps_per_generation
-        if pass_index == 0 or not self.reshuffle:
+        if self.group_size is None and (pass_index == 0 or not self.reshuffle):
             rows = slice(micro_index * width, (micro_index + 1) * width)
             chunk = {k: v[rows] if isinstance(v, (torch.Tensor, list)) and _has_rows(v) else v for k, v in self.batch.items()}
         else:
@@ -227,6 +259,7 @@ class RolloutBuffer:
             "steps_per_generation": self.steps_per_generation,
             "num_processes": self.num_processes,
             "reshuffle": self.reshuffle,
+            "group_size": self.group_size,
             "seed": self.seed,
             "has_batch": batch is not None,
             "generation_index": self.generation_index,
@@ -266,8 +299,9 @@ class RolloutBuffer:
         missing = set(meta["tensor_keys"]) - set(tensors)
         if missing:
             raise ValueError(f"{tensor_path} is corrupt: tensors {sorted(missing)} listed in {meta_path} are missing")
-        for name in ("reuse", "steps_per_generation", "num_processes"):
-            saved = meta.get(name, 1 if name == "num_processes" else None)  # files before 0.2 had one process
+        for name in ("reuse", "steps_per_generation", "num_processes", "group_size"):
+            # files before 0.2 had one process; before 0.4 rows were always the unit of the shuffle
+            saved = meta.get(name, {"num_processes": 1, "group_size": None}.get(name))
             if saved != getattr(self, name):
                 raise ValueError(
                     f"{meta_path} was saved with {name}={saved} but this run has {name}={getattr(self, name)}; "

@@ -42,8 +42,8 @@ from .kernels import (
     fold_sampler_ratio,
     gradient_coefficients,
     kish_ess,
-    respo_kernel,
     sequence_log_weight,
+    two_branch_phi,
     vespo_phi,
 )
 
@@ -104,7 +104,7 @@ def sequence_stats(
         clip_c = coefficients("ppo", dataclasses.replace(params, importance_sampling_level="token"))
         log_c, kept = fold_sampler_ratio(sampler_ratio, mask)
         log_w = sequence_log_weight(log_ratio, kept, log_c)  # raw log W, the diagnostic's x-axis for every loss
-        phi = respo_kernel(log_w, adv_seq, **params.respo_constants())  # ReSPO's phi, whatever loss is trained
+        phi = two_branch_phi(log_w, adv_seq, params)  # ReSPO's phi (as configured), whatever loss is trained
         vespo = vespo_phi(log_ratio, adv_seq, kept, params, sampler_ratio).reshape(-1)  # and VESPO's, as TRL has it
         kept_f = kept.float()
         rho = torch.where(kept, log_ratio, 0.0)

@@ -33,6 +33,10 @@ LOG_W_CLAMP = 20.0  # |log W| is clamped here (spec section 2; the authors' code
 
 # The paper's constants, used for every reported run (respo-paper-facts.md): positive (2, 0.5, 2), negative (1, 0.5, 2).
 RESPO_DEFAULTS = {"alpha_pos": 2.0, "beta_pos": 0.5, "lam_pos": 2.0, "alpha_neg": 1.0, "beta_neg": 0.5, "lam_neg": 2.0}
+# What each branch of the two-branch kernel can be: the paper's power mean with its tilt ("respo", the default), or
+# VESPO's gamma kernel ``W^k exp(lam (1 - W))`` with the ``vespo_*`` constants ("vespo"). The second exists to take
+# the two kernels apart one branch at a time (docs/benchmarks.md 5.5); it is not the paper's method.
+BRANCH_KINDS = ("respo", "vespo")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -179,6 +183,25 @@ def gamma_kernel(log_w: Tensor, advantages: Tensor, k_pos: float, lam_pos: float
         return torch.exp(lam + k * s - lam * torch.exp(s)).nan_to_num(0.0, posinf=0.0, neginf=0.0)
 
 
+def two_branch_phi(log_w: Tensor, advantages: Tensor, params: "LossParams") -> Tensor:
+    """``phi_{sign A}(W)`` with each branch the kind ``params.respo_{pos,neg}_branch`` names (detached).
+
+    Both "respo": :func:`respo_kernel` at ``params``' constants (the paper's method). A "vespo" branch takes
+    :func:`gamma_kernel` at ``params.vespo_*`` on the same ``log W`` for the advantages of its sign, so a ReSPO loss
+    whose two branches are "vespo" applies VESPO's coefficient.
+    """
+    phi = respo_kernel(log_w, advantages, **params.respo_constants())
+    kinds = (params.respo_pos_branch, params.respo_neg_branch)
+    if "vespo" not in kinds:
+        return phi
+    with torch.no_grad():
+        gamma = gamma_kernel(log_w.clamp(-LOG_W_CLAMP, LOG_W_CLAMP), advantages, params.vespo_k_pos,
+                             params.vespo_lambda_pos, params.vespo_k_neg, params.vespo_lambda_neg)  # fmt: skip
+        positive = advantages.detach().to(phi.device) >= 0
+        use_gamma = torch.where(positive, kinds[0] == "vespo", kinds[1] == "vespo")
+        return torch.where(use_gamma, gamma.to(phi.dtype), phi)
+
+
 def directional_trust_mask(
     log_ratio: Tensor,
     advantages: Tensor,
@@ -229,6 +252,8 @@ class LossParams:
     respo_alpha_neg: float = RESPO_DEFAULTS["alpha_neg"]
     respo_beta_neg: float = RESPO_DEFAULTS["beta_neg"]
     respo_lambda_neg: float = RESPO_DEFAULTS["lam_neg"]
+    respo_pos_branch: str = "respo"
+    respo_neg_branch: str = "respo"
     respo_trust_mask: bool = False
     # the trust mask's own token-ratio bounds (ReSPOConfig.respo_trust_bounds); None: epsilon_low / epsilon_high /
     # delta (math.inf: no cap)
@@ -391,7 +416,8 @@ def respo_coefficients(
        dropped, never turned into a large negative log-weight.
     2. ``log W_i = clamp(l_i, -20, 20)`` over the kept tokens (:func:`sequence_log_weight`): the raw sequence ratio,
        as in the paper (no length normalisation).
-    3. ``phi_i`` from :func:`respo_kernel` with the branch of each advantage (per token if advantages are (B, T)).
+    3. ``phi_i`` from :func:`respo_kernel` with the branch of each advantage (per token if advantages are (B, T));
+       a branch set to "vespo" takes VESPO's gamma kernel instead (:func:`two_branch_phi`).
     4. With ``params.respo_trust_mask``, tokens clipped PPO would stop in their advantage's direction get 0
        (:func:`directional_trust_mask`); ``phi`` itself is unchanged.
     """
@@ -400,7 +426,7 @@ def respo_coefficients(
         log_w = sequence_log_weight(log_ratio, kept, log_c)
         a = _column(advantages).detach()
         log_w_t = log_w.unsqueeze(-1).expand(-1, a.shape[-1])
-        phi = respo_kernel(log_w_t, a.float(), **params.respo_constants())  # (B, 1) or (B, T)
+        phi = two_branch_phi(log_w_t, a.float(), params)  # (B, 1) or (B, T)
         coef = phi * kept.float()
         if params.respo_trust_mask:
             coef = coef * directional_trust_mask(log_ratio, advantages, kept, *params.trust_bounds())

@@ -26,7 +26,14 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, split_pixel_values_by_grid, unsplit_pixel_values_by_grid
 
-from .buffer import VERSION_KEY, RolloutBuffer, checkpoint_status, has_buffer_files, last_complete_checkpoint
+from .buffer import (
+    VERSION_KEY,
+    RolloutBuffer,
+    check_contiguous_groups,
+    checkpoint_status,
+    has_buffer_files,
+    last_complete_checkpoint,
+)
 from .config import ReSPOConfig, describe_kernel, respo_notes
 from .diagnostics import COLUMNS, LOW_WEIGHT_PREFIX, LOW_WEIGHT_SUMS, pooled_low_weight, sequence_stats, summarize
 from .hub.card import RESPO_CITATION, TRAINER_TAGS, write_trainer_card
@@ -127,6 +134,7 @@ class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
             seed=args.seed,
             storage_device="cpu" if args.respo_buffer_device == "cpu" else None,
             num_processes=self.accelerator.num_processes,
+            group_size=args.num_generations if args.respo_whole_groups else None,
         )
         self._nonfinite_rows = None
         self._tokens_at_step_start = 0
@@ -177,8 +185,11 @@ class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
         return self._below_ess_floor(batch)
 
     def _fill_buffer(self, generation_batch, first_pass: int = 0) -> None:
-        batch = self._generate_and_score_completions(generation_batch)
-        batch = shuffle_sequence_dict(split_pixel_values_by_grid(batch))  # first-pass composition, as TRL does
+        batch = split_pixel_values_by_grid(self._generate_and_score_completions(generation_batch))
+        if self.rollouts.group_size is None:
+            batch = shuffle_sequence_dict(batch)  # first-pass composition, as TRL does
+        else:  # whole groups: the buffer shuffles groups (seeded), so the rows must still sit in TRL's group order
+            check_contiguous_groups(batch, self.rollouts.group_size)
         self.rollouts.store(batch, version=self.state.global_step, first_pass=first_pass)
 
     def _generate(self, prompts):

@@ -234,3 +234,24 @@ def test_nonfinite_inputs_are_masked_not_propagated(make_trainer, tokenizer, tin
     rest["num_items_in_batch"] = per_token["num_items_in_batch"]
     _, grads_rest = loss_and_grads(trainer, rest)
     assert_same_grads(grads, grads_rest)
+
+
+def test_respo_with_both_branches_vespo_trains_exactly_as_trls_vespo(make_trainer, tokenizer):
+    """The branch option reuses TRL's VESPO weight, off-policy, through the real trainer: so an ablation arm that
+    swaps one branch differs from ReSPO (or VESPO) by that branch only. Catches constants read from the wrong
+    config fields and a coefficient that is not VESPO's on either sign."""
+    from respo_trl.demo.tiny import tiny_qwen3
+
+    model = tiny_qwen3(tokenizer)
+    both = prepare(make_trainer(model=model, respo_pos_branch="vespo", respo_neg_branch="vespo"))
+    vespo = prepare(make_trainer(model=copy.deepcopy(model), loss_type="vespo"))
+    respo = prepare(make_trainer(model=copy.deepcopy(model)))
+    inputs = make_batch(tokenizer, seed=3)
+    gen = torch.Generator().manual_seed(9)
+    inputs["old_per_token_logps"] = current_logps(both, inputs) + 0.3 * torch.randn(8, 7, generator=gen)
+    loss_b, grads_b = loss_and_grads(both, inputs)
+    loss_v, grads_v = loss_and_grads(vespo, inputs)
+    _, grads_r = loss_and_grads(respo, inputs)
+    assert loss_b.item() == pytest.approx(loss_v.item(), rel=1e-5)
+    assert_same_grads(grads_b, grads_v)
+    assert any(not torch.allclose(grads_r[n], grads_v[n], rtol=1e-3) for n in grads_v)  # the kernels do differ here

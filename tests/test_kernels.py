@@ -432,3 +432,22 @@ def test_kernel_runs_in_float32_for_float32_input_and_stays_accurate():
         K.respo_kernel(log_w, torch.ones(4001))
     finally:
         torch.Tensor.double = real_double
+
+
+@pytest.mark.parametrize("pos,neg", [("respo", "vespo"), ("vespo", "respo"), ("vespo", "vespo")])
+def test_a_branch_set_to_vespo_takes_vespos_gamma_kernel_for_its_sign_only(pos, neg):
+    """The ablation of docs/benchmarks.md 5.5: catches the gamma kernel applied to the wrong sign (a swapped `where`),
+    VESPO's positive constants on the negative branch, and a branch option that silently changes the other branch."""
+    gen = torch.Generator().manual_seed(7)
+    log_w = torch.rand(400, generator=gen, dtype=torch.float64) * 12 - 8
+    adv = torch.randn(400, generator=gen, dtype=torch.float64)
+    params = K.LossParams(respo_pos_branch=pos, respo_neg_branch=neg)
+    got = K.two_branch_phi(log_w, adv, params).numpy()
+    w = np.exp(log_w.numpy())
+    gamma_pos, gamma_neg = w**2 * np.exp(3 * (1 - w)), w**3 * np.exp(2 * (1 - w))  # TRL's (k, lambda): (2, 3) / (3, 2)
+    expected = np.where(adv.numpy() >= 0, gamma_pos if pos == "vespo" else phi_pos_paper(w),
+                        gamma_neg if neg == "vespo" else phi_neg_paper(w))  # fmt: skip
+    np.testing.assert_allclose(got, expected, rtol=2e-5, atol=1e-12)
+    assert K.two_branch_phi(log_w, adv, K.LossParams()).equal(K.respo_kernel(log_w, adv))  # default: the paper's
+    flat = K.two_branch_phi(log_w, adv, K.LossParams(respo_beta_pos=0.0, respo_neg_branch="vespo")).numpy()
+    np.testing.assert_allclose(flat, np.where(adv.numpy() >= 0, 1.0, gamma_neg), rtol=2e-5, atol=1e-12)  # "vespo_pos1"

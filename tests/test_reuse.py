@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from respo_trl.buffer import VERSION_KEY, RolloutBuffer, buffer_files
+from respo_trl.buffer import VERSION_KEY, RolloutBuffer, buffer_files, check_contiguous_groups
 
 
 def toy_batch(n=8, width=3):
@@ -155,6 +155,64 @@ def test_buffer_rejects_bad_input():
         buffer.micro_batch(0, 0)
 
 
+def grouped_batch(groups=6, size=4):
+    """A generation slice in TRL's order: each prompt's ``size`` completions in consecutive rows."""
+    batch = toy_batch(groups * size)
+    batch["prompt_ids"] = torch.arange(groups).repeat_interleave(size)[:, None].expand(-1, 3).clone()
+    batch["prompt_mask"] = torch.ones_like(batch["prompt_ids"])
+    return batch
+
+
+def served_groups(buffer, pass_index):
+    """Per micro-batch, {prompt: rows of it served}: whole groups iff every count equals the group size."""
+    out = []
+    for k in range(buffer.steps_per_generation):
+        prompts = buffer.micro_batch(pass_index, k)["prompt_ids"][:, 0].tolist()
+        out.append({p: prompts.count(p) for p in prompts})
+    return out
+
+
+@pytest.mark.parametrize("reshuffle", [True, False])
+def test_whole_group_passes_serve_each_group_whole_and_each_row_once(reshuffle):
+    """Catches a group split across micro-batches, a row served twice or never, an unseeded (unreproducible) group
+    order, and a group order that ignores ``reshuffle``."""
+    buffer = RolloutBuffer(reuse=3, steps_per_generation=3, reshuffle=reshuffle, seed=4, group_size=4)
+    buffer.store(grouped_batch(), version=0)
+    passes = [served_groups(buffer, p) for p in range(3)]
+    for p, chunks in enumerate(passes):
+        assert all(set(c.values()) == {4} and len(c) == 2 for c in chunks)  # 2 whole groups of 4 per micro-batch
+        assert sorted(sum(served_rows(buffer, p), [])) == list(range(24))  # every row exactly once per pass
+    assert [sorted(c) for c in passes[0]] != [[0, 1], [2, 3], [4, 5]]  # the first pass is shuffled by group too
+    assert (len({str(p) for p in passes}) == 3) == reshuffle  # new compositions only when reshuffling
+    twin = RolloutBuffer(reuse=3, steps_per_generation=3, reshuffle=reshuffle, seed=4, group_size=4)
+    twin.store(grouped_batch(), version=0)
+    assert [served_rows(twin, p) for p in range(3)] == [served_rows(buffer, p) for p in range(3)]
+    other = RolloutBuffer(reuse=3, steps_per_generation=3, reshuffle=reshuffle, seed=5, group_size=4)
+    other.store(grouped_batch(), version=0)
+    assert [served_rows(other, p) for p in range(3)] != [served_rows(buffer, p) for p in range(3)]
+
+
+def test_whole_group_order_survives_a_checkpoint_and_a_mismatched_group_size_is_refused(tmp_path):
+    buffer = RolloutBuffer(reuse=2, steps_per_generation=3, seed=1, group_size=4)
+    buffer.store(grouped_batch(), version=3)
+    buffer.save(str(tmp_path), rank=0)
+    restored = RolloutBuffer(reuse=2, steps_per_generation=3, seed=1, group_size=4)
+    restored.load(str(tmp_path), rank=0)
+    assert [served_rows(restored, p) for p in range(2)] == [served_rows(buffer, p) for p in range(2)]
+    with pytest.raises(ValueError, match="group_size=4 but this run has group_size=None"):
+        RolloutBuffer(reuse=2, steps_per_generation=3, seed=1).load(str(tmp_path), rank=0)
+
+
+def test_whole_groups_refuse_split_micro_batches_and_scattered_groups():
+    with pytest.raises(ValueError, match="not whole groups of 4.*per_device_train_batch_size"):
+        RolloutBuffer(reuse=1, steps_per_generation=4, group_size=4).store(grouped_batch(), version=0)  # 6-row chunks
+    check_contiguous_groups(grouped_batch(), 4)
+    scattered = grouped_batch()
+    scattered["prompt_ids"] = scattered["prompt_ids"][torch.randperm(24, generator=torch.Generator().manual_seed(0))]
+    with pytest.raises(ValueError, match=r"respo_whole_groups: rows .* not one prompt's num_generations=4"):
+        check_contiguous_groups(scattered, 4)
+
+
 def test_cpu_buffer_device_trains(make_trainer):
     # On this CPU-only machine this checks the code path (store on CPU, serve on the training device), not the saving.
     trainer = make_trainer(num_iterations=2, max_steps=2, respo_buffer_device="cpu")
@@ -190,6 +248,8 @@ RESUME_SETUPS = {
     "both": (dict(respo_updates_per_rollout=2, num_iterations=2), [3, 0, 1]),
     # R=2 of one mini-batch: the checkpoint (step 3) falls one micro-step into a cycle, with a pass still to come
     "epochs-odd": (dict(num_iterations=2), [1, 0, 1]),
+    # the paper's N=4 with whole groups (4 rows = 2 groups of 2): the seeded group order must resume exactly
+    "staleness-groups": (dict(respo_updates_per_rollout=4, respo_whole_groups=True, num_generations=2), [3, 0, 1]),
 }
 
 
@@ -427,3 +487,35 @@ def test_no_checkpoint_folder_at_all(make_trainer, tmp_path):
     trainer = make_trainer(output_dir=str(tmp_path / "never-written"), max_steps=1)
     with pytest.raises(ValueError, match="No valid checkpoint found"):
         trainer.train(resume_from_checkpoint=True)
+
+
+@pytest.mark.parametrize("loss", ["respo", "dapo"])
+def test_whole_groups_through_the_trainer_keep_each_group_in_one_update(make_trainer, loss):
+    """The paper's N with whole groups, for ReSPO and a TRL loss: every served micro-batch holds whole groups whose
+    advantages sum to 0 (GRPO normalises within a group), every rollout is used once per cycle; with TRL's row
+    shuffle (the default) the same run splits groups, so the assertion can fail."""
+    served = {}
+    for whole in (True, False):
+        trainer = make_trainer(loss_type=loss, respo_updates_per_rollout=4, per_device_train_batch_size=8,
+                               num_generations=4, max_steps=4, respo_whole_groups=whole)  # fmt: skip
+        rows, original = [], trainer.rollouts.micro_batch
+
+        def record(pass_index, micro_index, device=None, original=original, rows=rows):
+            batch = original(pass_index, micro_index, device)
+            rows.append((batch["prompt_ids"].tolist(), batch["advantages"].tolist(), batch["completion_ids"].tolist()))
+            return batch
+
+        trainer.rollouts.micro_batch = record
+        trainer.train()
+        served[whole] = rows
+
+    def counts(prompts):
+        keys = [tuple(p) for p in prompts]
+        return sorted(keys.count(k) for k in set(keys))
+
+    for prompts, advantages, _ in served[True]:
+        assert counts(prompts) == [4, 4]  # two whole groups of 4 in each 8-row micro-batch
+        for key in set(map(tuple, prompts)):
+            assert abs(sum(a for p, a in zip(prompts, advantages) if tuple(p) == key)) < 1e-4
+    assert len({tuple(map(tuple, c)) for _, _, c in served[True]}) == 4  # 4 distinct micro-batches of one cycle
+    assert any(counts(prompts) != [4, 4] for prompts, _, _ in served[False])  # TRL's row shuffle splits groups
