@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .kernels import RESPO_DEFAULTS, TRL_LOSS_TYPES, check_constant
+from .kernels import BRANCH_KINDS, RESPO_DEFAULTS, TRL_LOSS_TYPES, check_constant
 from .routing_replay import config_problems
 
 TRUST_MASK_MODES = ("auto", "directional", "none")
@@ -73,6 +73,12 @@ class ReSPOConfig(GRPOConfig):
             Weight of ``W`` for ``A < 0``.
         respo_lambda_neg (`float`, defaults to `2.0`):
             Tilt for ``A < 0``; with (1, 0.5, 2) ``phi-`` is 0 at both tails and peaks at ``e/2`` at ``W = 1/4``.
+        respo_pos_branch (`str`, defaults to `"respo"`):
+            The ``A >= 0`` branch: ``"respo"`` (the paper's kernel above) or ``"vespo"`` (VESPO's gamma kernel
+            ``W^k exp(lambda (1 - W))`` at ``vespo_k_pos`` / ``vespo_lambda_pos``). An ablation, not the paper's method.
+        respo_neg_branch (`str`, defaults to `"respo"`):
+            The ``A < 0`` branch, as ``respo_pos_branch`` (``"vespo"`` takes ``vespo_k_neg`` / ``vespo_lambda_neg``:
+            TRL's ``W^3 exp(2 (1 - W))``, which damps stale negatives where the paper's branch keeps them near 1).
         respo_trust_mask (`str`, defaults to `"auto"`):
             Directional token trust mask: zero a token's gradient exactly where clipped PPO would (``A > 0`` and token
             ratio above ``1 + epsilon_high``, or ``A < 0`` and below ``1 - epsilon_low``), keeping ``phi``. ``"auto"``
@@ -108,6 +114,12 @@ class ReSPOConfig(GRPOConfig):
             cycle.
         respo_buffer_device (`str`, defaults to `"auto"`):
             ``"auto"`` keeps buffered rollouts on the training device; ``"cpu"`` parks them in host memory.
+        respo_whole_groups (`bool`, defaults to `False`):
+            Cut each rollout batch into mini-batches of whole GRPO groups (all ``num_generations`` completions of a
+            prompt in the same optimizer step), the groups shuffled with a generator seeded by ``seed``, the
+            generation and the pass; every loss type. Off: TRL's row shuffle, which spreads a group over up to
+            ``num_generations`` updates at different staleness. Needs ``per_device_train_batch_size`` to be a
+            multiple of ``num_generations``. See docs/reuse.md for what the paper's verl runs did.
 
         > Diagnostics
 
@@ -155,6 +167,22 @@ class ReSPOConfig(GRPOConfig):
     respo_lambda_neg: float = field(
         default=RESPO_DEFAULTS["lam_neg"],
         metadata={"help": "Variance-control tilt lambda (>= 0) of the negative-advantage branch (paper: 2)."},
+    )
+    respo_pos_branch: str = field(
+        default="respo",
+        metadata={
+            "help": "Kernel of the A >= 0 branch: 'respo' (the paper's) or 'vespo' (VESPO's gamma kernel at "
+            "vespo_k_pos / vespo_lambda_pos; an ablation).",
+            "choices": list(BRANCH_KINDS),
+        },
+    )
+    respo_neg_branch: str = field(
+        default="respo",
+        metadata={
+            "help": "Kernel of the A < 0 branch: 'respo' (the paper's) or 'vespo' (VESPO's gamma kernel at "
+            "vespo_k_neg / vespo_lambda_neg; an ablation).",
+            "choices": list(BRANCH_KINDS),
+        },
     )
     respo_trust_mask: str = field(
         default="auto",
@@ -215,6 +243,13 @@ class ReSPOConfig(GRPOConfig):
         default="auto",
         metadata={"help": "Where buffered rollouts live between passes: 'auto' (training device) or 'cpu'."},
     )
+    respo_whole_groups: bool = field(
+        default=False,
+        metadata={
+            "help": "Cut rollout batches into mini-batches of whole GRPO groups (shuffled by group, seeded) instead of "
+            "TRL's row shuffle; needs per_device_train_batch_size to be a multiple of num_generations."
+        },
+    )
     respo_log_diagnostics: bool = field(
         default=True,
         metadata={"help": "Log the starvation/off-policy/positive-branch diagnostics on every step."},
@@ -270,6 +305,16 @@ class ReSPOConfig(GRPOConfig):
         """Check the ReSPO fields (also used when a plain ``GRPOConfig`` is upgraded)."""
         for name, (_, kind) in KERNEL_FIELDS.items():
             setattr(self, name, check_constant(name, getattr(self, name), kind))
+        for name in ("respo_pos_branch", "respo_neg_branch"):
+            if getattr(self, name) not in BRANCH_KINDS:
+                raise ValueError(f"{name} must be one of {BRANCH_KINDS}, got {getattr(self, name)!r}")
+        if not isinstance(self.respo_whole_groups, bool):
+            raise ValueError(f"respo_whole_groups must be True or False, got {self.respo_whole_groups!r}")
+        if self.respo_whole_groups and self.per_device_train_batch_size % self.num_generations:
+            raise ValueError(
+                f"respo_whole_groups=True needs per_device_train_batch_size ({self.per_device_train_batch_size}) to be "
+                f"a multiple of num_generations ({self.num_generations}): each micro-batch holds whole groups"
+            )
         if self.respo_trust_mask not in TRUST_MASK_MODES:
             raise ValueError(f"respo_trust_mask must be one of {TRUST_MASK_MODES}, got {self.respo_trust_mask!r}")
         for name in ("respo_trust_epsilon", "respo_trust_epsilon_high"):
@@ -355,11 +400,19 @@ def describe_kernel(args: ReSPOConfig) -> str:
         mask = f"directional token trust mask ON (token ratio bounds [1 - {low:g}, 1 + {high:g}]{cap})"
     else:
         mask = "no token trust mask"
+    branches = []
+    for sign, kind, k, lam in (("pos", args.respo_pos_branch, args.vespo_k_pos, args.vespo_lambda_pos),
+                               ("neg", args.respo_neg_branch, args.vespo_k_neg, args.vespo_lambda_neg)):  # fmt: skip
+        if kind == "vespo":
+            branches.append(f"{sign}=VESPO's W^{k:g} exp({lam:g} (1 - W))")
+        else:
+            branches.append(f"{sign}=({c[f'alpha_{sign}']:g}, {c[f'beta_{sign}']:g}, {c[f'lam_{sign}']:g})")
+    paper = paper and args.respo_pos_branch == args.respo_neg_branch == "respo"
+    groups = "; mini-batches of whole groups" if args.respo_whole_groups else ""
     return (
-        f"ReSPO kernel (alpha, beta, lambda) pos=({c['alpha_pos']:g}, {c['beta_pos']:g}, {c['lam_pos']:g}) "
-        f"neg=({c['alpha_neg']:g}, {c['beta_neg']:g}, {c['lam_neg']:g}) on the raw sequence ratio W"
+        f"ReSPO kernel (alpha, beta, lambda) {' '.join(branches)} on the raw sequence ratio W"
         f"{' (the paper)' if paper else ''}; {mask} (respo_trust_mask={args.respo_trust_mask!r}, "
-        f"num_iterations={args.num_iterations})"
+        f"num_iterations={args.num_iterations}){groups}"
     )
 
 

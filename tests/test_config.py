@@ -86,6 +86,9 @@ def test_every_respo_field_has_help_text(configs):
         ("respo_trust_epsilon", 0.0, "respo_trust_epsilon"),
         ("respo_trust_epsilon", 1.0, "respo_trust_epsilon"),
         ("respo_trust_epsilon_high", -0.1, "respo_trust_epsilon_high"),
+        ("respo_neg_branch", "gamma", "respo_neg_branch"),
+        ("respo_pos_branch", None, "respo_pos_branch"),
+        ("respo_whole_groups", "yes", "respo_whole_groups"),
     ],
 )
 def test_invalid_values_raise_naming_the_field(configs, tmp_path, field, value, match):
@@ -192,3 +195,10 @@ def test_gspo_style_epsilons_do_not_become_the_trust_masks_token_bounds(configs,
     own = build(configs, tmp_path, num_iterations=2, respo_trust_epsilon=0.1, importance_sampling_level="sequence")
     assert LossParams.from_config(own).trust_bounds() == (0.1, 0.1, None)
     assert not any("sequence-level epsilon" in note for note in respo_notes(own))
+
+
+def test_whole_groups_need_micro_batches_of_whole_groups(configs, tmp_path):
+    """One line naming both fields, at construction, before any model is loaded."""
+    with pytest.raises(ValueError, match=r"per_device_train_batch_size \(6\).*num_generations \(4\)"):
+        build(configs, tmp_path, respo_whole_groups=True, per_device_train_batch_size=6, num_generations=4)
+    assert build(configs, tmp_path, respo_whole_groups=True, per_device_train_batch_size=8, num_generations=4)
