@@ -98,6 +98,36 @@ def test_unknown_option_and_bad_node_count_are_refused():
     assert result.returncode == 2 and "NNODES" in result.stderr
 
 
+@pytest.mark.parametrize("script", LAUNCHERS)
+def test_async_trainers_take_their_entry_point_gpu_split_and_staleness(script):
+    """--trainer picks verl's own async entry point and config; rollout and training split each node's GPUs."""
+    result = run(["bash", str(RECIPES / script), "--N", "16", "--trainer", "fully_async", "--dry-run"],
+                 ROLLOUT_GPUS_PER_NODE="2")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1:3] == ["-m", "verl.experimental.fully_async_policy.fully_async_main"]
+    assert lines[3] == f"--config-name=fully_async_{'ppo_megatron_trainer' if '30b' in script else 'ppo_trainer'}"
+    args = {k: v for k, _, v in (a.partition("=") for a in lines[4:])}
+    assert args["trainer.n_gpus_per_node"] == "6" and args["rollout.n_gpus_per_node"] == "2"
+    assert args["async_training.trigger_parameter_sync_step"] == "16" and args["data.train_batch_size"] == "0"
+    assert args["actor_rollout_ref.hybrid_engine"] == "false"
+    assert args["actor_rollout_ref.actor.policy_loss.loss_mode"] == "respo"
+    result = run(["bash", str(RECIPES / script), "--N", "8", "--trainer", "one_step_off", "--dry-run"])
+    lines = result.stdout.splitlines()
+    assert lines[2] == "verl.experimental.one_step_off_policy.main_ppo" and "data.train_batch_size=256" in lines
+    assert "trainer.n_gpus_per_node=4" in lines and "rollout.n_gpus_per_node=4" in lines  # half each by default
+
+
+@pytest.mark.parametrize("env, trainer, message", [
+    ({}, "async", "--trainer must be sync, one_step_off or fully_async"),
+    ({"ROLLOUT_GPUS_PER_NODE": "8"}, "one_step_off", "ROLLOUT_GPUS_PER_NODE must be between 1 and GPUS_PER_NODE - 1"),
+    ({"GPUS_PER_NODE": "1"}, "fully_async", "ROLLOUT_GPUS_PER_NODE must be between 1 and GPUS_PER_NODE - 1"),
+])
+def test_bad_trainer_or_gpu_split_is_refused_in_one_line(env, trainer, message):
+    result = run(["bash", str(RECIPES / LAUNCHERS[0]), "--trainer", trainer, "--dry-run"], **env)
+    assert result.returncode == 2 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
 def test_missing_training_data_stops_before_launch(tmp_path):
     result = run(["bash", str(RECIPES / LAUNCHERS[0]), "--N", "8"], TRAIN_FILE=str(tmp_path / "absent.parquet"),
                  PYTHON_BIN=sys.executable)

@@ -12,6 +12,7 @@
 #   bash recipes/verl/train_qwen3_1_7b.sh --N 32
 # N nodes: start Ray first (head: `ray start --head`; others: `ray start --address=HEAD_IP:6379`), then on the head:
 #   NNODES=4 GPUS_PER_NODE=8 bash recipes/verl/train_qwen3_1_7b.sh --N 16
+# verl's async trainers: `--trainer one_step_off` or `--trainer fully_async` (rollout on ROLLOUT_GPUS_PER_NODE GPUs).
 # Extra arguments are Hydra overrides, e.g. `+actor_rollout_ref.actor.policy_loss.respo_lam_pos=1.0` or
 # `trainer.logger=['console','wandb']`. `--dry-run` prints the command. Details: docs/verl.md.
 set -euo pipefail
@@ -22,8 +23,9 @@ source "$here/common.sh"
 respo_parse_args "$@"
 
 MAX_RESPONSE_LENGTH=15360
-EXPERIMENT="respo-qwen3-1.7b-base-dapo-N${N}"
+EXPERIMENT="respo-qwen3-1.7b-base-dapo-N${N}$([ "$TRAINER" = sync ] || echo "-$TRAINER")"
 respo_paper_overrides
+respo_trainer_overrides
 
 FSDP_OVERRIDES=(
   "actor_rollout_ref.actor.strategy=fsdp"
@@ -39,4 +41,7 @@ FSDP_OVERRIDES=(
   "actor_rollout_ref.rollout.gpu_memory_utilization=0.75"
 )
 
-respo_launch "${PAPER_OVERRIDES[@]}" "${FSDP_OVERRIDES[@]}" "${RESPO_OVERRIDES[@]}" "${EXTRA_OVERRIDES[@]}"
+CONFIG_NAME=()
+[ "$TRAINER" = sync ] || CONFIG_NAME=("--config-name=$(respo_config_name ppo_trainer)")
+respo_launch "${CONFIG_NAME[@]}" "${PAPER_OVERRIDES[@]}" "${FSDP_OVERRIDES[@]}" "${TRAINER_OVERRIDES[@]}" \
+  "${RESPO_OVERRIDES[@]}" "${EXTRA_OVERRIDES[@]}"

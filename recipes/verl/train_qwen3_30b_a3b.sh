@@ -23,8 +23,9 @@ source "$here/common.sh"
 respo_parse_args "$@"
 
 MAX_RESPONSE_LENGTH=8192
-EXPERIMENT="respo-qwen3-30b-a3b-base-dapo-N${N}"
+EXPERIMENT="respo-qwen3-30b-a3b-base-dapo-N${N}$([ "$TRAINER" = sync ] || echo "-$TRAINER")"
 respo_paper_overrides
+respo_trainer_overrides
 
 mcore="actor_rollout_ref.actor.megatron"
 MEGATRON_OVERRIDES=(
@@ -61,5 +62,5 @@ MEGATRON_OVERRIDES=(
   "+reward.reward_kwargs.overlong_buffer_cfg.log=false"
 )
 
-respo_launch --config-name=ppo_megatron_trainer \
-  "${PAPER_OVERRIDES[@]}" "${MEGATRON_OVERRIDES[@]}" "${RESPO_OVERRIDES[@]}" "${EXTRA_OVERRIDES[@]}"
+respo_launch "--config-name=$(respo_config_name ppo_megatron_trainer)" \
+  "${PAPER_OVERRIDES[@]}" "${MEGATRON_OVERRIDES[@]}" "${TRAINER_OVERRIDES[@]}" "${RESPO_OVERRIDES[@]}" "${EXTRA_OVERRIDES[@]}"

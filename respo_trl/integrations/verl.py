@@ -38,6 +38,17 @@ Sampler weights (``rollout_is_weights``)
     rejection) removes that token (a whole response, for sequence level) from the loss, as verl's own losses do by
     multiplying by it; it is not read as ``log W = -inf``, which ReSPO's positive branch would *amplify*.
 
+Bypass mode (``algorithm.rollout_correction.bypass_mode=True``, the default of verl's async trainers)
+    verl skips the old-log-prob forward, uses the rollout's log-probs as ``pi_old`` and, in
+    ``rollout_corr_helper.apply_bypass_mode``, overwrites the actor's ``loss_mode`` with its own ``bypass_mode`` loss
+    (PPO-clip or REINFORCE). With this plugin loaded, ``loss_mode="respo"`` is kept there (:func:`_keep_respo_in_bypass`
+    wraps that one function; every other loss mode goes through verl's unchanged), so ReSPO's ``W`` is
+    ``pi_theta / pi_rollout``: the ratio against the policy that sampled. Nothing else is multiplied in (verl's own
+    PPO-clip bypass does the same: the IS weight *is* that ratio). verl's rejection sampling (``rollout_rs``) drops
+    tokens or responses as its bypass loss does, when the actor's ``policy_loss.rollout_correction`` says bypass: the
+    driver attaches it, and on Ray workers the launcher's ``+...policy_loss.rollout_correction=${algorithm.
+    rollout_correction}`` does (a worker's config is fixed when it starts).
+
 Metrics
     verl's actor loss averages a policy loss's metrics over micro-batches and data-parallel ranks with equal weights,
     so a ratio computed inside a micro-batch (a mean over its positives, say) is biased whenever micro-batches differ
@@ -59,6 +70,7 @@ Metrics
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from dataclasses import dataclass, fields
@@ -76,6 +88,8 @@ INSTALL_HINT = (
 )
 
 try:
+    from omegaconf import open_dict
+    from verl.trainer.ppo import rollout_corr_helper
     from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
     from verl.utils.torch_functional import masked_mean
     from verl.workers.config import PolicyLossConfig
@@ -210,6 +224,8 @@ def compute_policy_loss_respo(
     mask = response_mask.bool()
     # A sampler weight of exactly 0 is verl's rejection (IcePop): that token (or, sequence-level, response) is dropped.
     log_c, keep = fold_sampler_ratio(rollout_is_weights, mask)
+    kept_by_rs, rs_metrics = bypass_rejection(config, log_prob, old_log_prob, mask)
+    keep = keep if kept_by_rs is None else keep & kept_by_rs
 
     log_ratio = (log_prob - old_log_prob).detach()
     log_sampler = None if log_c is None else sampler_log_ratio(log_c, keep, level)
@@ -223,7 +239,49 @@ def compute_policy_loss_respo(
     batch_info = dict(_get(config, "global_batch_info", None) or {}) if config is not None else {}
     loss = agg_loss(loss_mat=loss_mat, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
 
-    return loss, _metrics(log_w, phi, seq_advantage, keep, mask, log_ratio)
+    return loss, {**_metrics(log_w, phi, seq_advantage, keep, mask, log_ratio), **rs_metrics}
+
+
+def bypass_rejection(config: Any, log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, mask: torch.Tensor):
+    """In bypass mode (``old_log_prob`` is the rollout's), the tokens verl's rejection sampling keeps, computed as
+    verl's own bypass loss computes them (current policy against the rollout policy), and its metrics; ``(None, {})``
+    outside bypass mode or without ``rollout_rs``. In decoupled mode verl applies the rejection to ``response_mask``
+    on the driver before the loss sees it."""
+    policy_loss = None if config is None else _get(config, "policy_loss")
+    correction = None if policy_loss is None else _get(policy_loss, "rollout_correction")
+    if correction is None or not _get(correction, "bypass_mode", False) or _get(correction, "rollout_rs") is None:
+        return None, {}
+    with torch.no_grad():
+        _, kept, metrics = rollout_corr_helper.compute_rollout_correction_and_rejection_mask(
+            old_log_prob=log_prob.detach(), rollout_log_prob=rollout_log_prob, response_mask=mask, rollout_is=None,
+            rollout_rs=_get(correction, "rollout_rs"), rollout_rs_threshold=_get(correction, "rollout_rs_threshold"),
+        )
+    return kept.bool(), metrics
+
+
+def _keep_respo_in_bypass(verl_apply_bypass_mode):
+    """Wrap verl's ``apply_bypass_mode`` so that it keeps ``loss_mode="respo"`` (see the module docstring); verl's
+    trainers import it from ``rollout_corr_helper`` when they call it, so replacing the module attribute reaches them."""
+
+    @functools.wraps(verl_apply_bypass_mode)
+    def apply_bypass_mode(batch, rollout_corr_config=None, policy_loss_config=None):
+        respo = policy_loss_config is not None and _get(policy_loss_config, "loss_mode") == "respo"
+        verl_apply_bypass_mode(batch, rollout_corr_config=rollout_corr_config, policy_loss_config=policy_loss_config)
+        if respo:  # verl set old_log_probs = rollout_log_probs and attached rollout_correction; ReSPO stays the loss
+            with open_dict(policy_loss_config):
+                policy_loss_config["loss_mode"] = "respo"
+            if not apply_bypass_mode.announced:
+                _logger.warning("loss_mode=respo under algorithm.rollout_correction.bypass_mode=True: ReSPO stays the "
+                                "loss, with W = pi_theta / pi_rollout (verl's bypass_mode loss is not used)")
+                apply_bypass_mode.announced = True
+
+    apply_bypass_mode.announced = False
+    apply_bypass_mode.keeps_respo = True
+    return apply_bypass_mode
+
+
+if not getattr(rollout_corr_helper.apply_bypass_mode, "keeps_respo", False):  # once, however often this is imported
+    rollout_corr_helper.apply_bypass_mode = _keep_respo_in_bypass(rollout_corr_helper.apply_bypass_mode)
 
 
 def _metrics(log_w, phi, seq_advantage, keep, mask, log_ratio) -> dict[str, float]:
