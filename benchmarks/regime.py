@@ -122,7 +122,7 @@ HISTORY_KEYS = (
     "reward", "grad_norm", "entropy", "reuse/staleness_mean", "reuse/generated_tokens", "offpolicy/kl",
     "offpolicy/log_weight/mean", "offpolicy/log_weight/std", "starvation/pos_length_mean",
     "starvation/grad_throughput/pos", "starvation/grad_throughput/neg", "clip_ratio/region_mean",
-    "completions/mean_length",
+    "completions/mean_length", "learning_rate",
     *(f"starvation/low_weight_pos/{k}" for k in ("n", "n_low", "mass", "mass_low", "respo_mass", "respo_mass_low",
                                                   "vespo_mass", "vespo_mass_low")),
 )  # fmt: skip
@@ -260,16 +260,45 @@ def late_mean(run: dict) -> float | None:
     return statistics.fmean(rewards) if rewards else None
 
 
+def steady_rows(run: dict) -> list[dict]:
+    """The logged updates of every reuse cycle but the first: the first holds the lr = 0 step and the warm-up (12
+    updates), so movement measured there is not the run's movement at its learning rate."""
+    return [h for h in run["history"] if h["step"] > run["N"]]
+
+
+def kl_by_staleness(run: dict) -> dict[int, float]:
+    """Mean ``offpolicy/kl`` (per token, k3, against the policy that sampled the batch) by staleness position ``k``,
+    over :func:`steady_rows`: how far the policy has moved ``k`` updates into a cycle. Empty under N = 1."""
+    by_k: dict[int, list[float]] = {}
+    for h in steady_rows(run):
+        if h.get("offpolicy/kl") is not None:
+            by_k.setdefault(int(round(h.get("reuse/staleness_mean", 0))), []).append(h["offpolicy/kl"])
+    return {k: statistics.fmean(v) for k, v in sorted(by_k.items()) if k > 0}
+
+
 def per_update_kl(run: dict) -> dict:
-    """Per-update policy movement: ``offpolicy/kl`` (per token, k3) on mini-batches exactly one update stale, and per
-    response (times the mean completion length of the same steps). None under N = 1 (nothing is stale)."""
-    rows = [h for h in run["history"] if round(h.get("reuse/staleness_mean", 0)) == 1 and "offpolicy/kl" in h]
-    if not rows:
-        return {"per_token": None, "per_response": None}
-    per_token = statistics.fmean(h["offpolicy/kl"] for h in rows)
+    """Policy movement, per token (k3 ``offpolicy/kl``) and per response (times the run's mean completion length):
+    ``per_token`` after one update (staleness 1), ``cycle`` over a cycle's last quarter (staleness 24-31 at N = 32),
+    both over :func:`steady_rows`. Only ``cycle`` is measured where kernels differ: at staleness 1 every kernel's
+    weight is 1, so the one-step figure says nothing about how a kernel moves the policy on stale rollouts. None under
+    N = 1 (nothing is stale)."""
+    kl = kl_by_staleness(run)
+    last = [kl[k] for k in kl if k >= run["N"] - max(1, run["N"] // 4)]
     # TRL logs the completion length on sampling steps only: the run's mean completion length
     lengths = [h["completions/mean_length"] for h in run["history"] if "completions/mean_length" in h]
-    return {"per_token": per_token, "per_response": per_token * statistics.fmean(lengths) if lengths else None}
+    length = statistics.fmean(lengths) if lengths else None
+    per_token, cycle = kl.get(1), statistics.fmean(last) if last else None
+    return {"per_token": per_token, "per_response": None if per_token is None or length is None else per_token * length,
+            "cycle": cycle, "cycle_per_response": None if cycle is None or length is None else cycle * length}  # fmt: skip
+
+
+def pos_neg_weight_ratio(run: dict) -> float | None:
+    """Mean coefficient per token on positives over negatives on mini-batches at least N / 2 updates stale (steady
+    cycles): how a kernel weighs stale correct answers against stale wrong ones (1 for clipped PPO on average)."""
+    rows = [h for h in steady_rows(run) if h.get("reuse/staleness_mean", 0) >= run["N"] / 2]
+    pos = [h["starvation/grad_throughput/pos"] for h in rows if h.get("starvation/grad_throughput/pos") is not None]
+    neg = [h["starvation/grad_throughput/neg"] for h in rows if h.get("starvation/grad_throughput/neg") is not None]
+    return statistics.fmean(pos) / statistics.fmean(neg) if pos and neg and statistics.fmean(neg) > 0 else None
 
 
 def run_stats(run: dict) -> dict:
@@ -283,6 +312,7 @@ def run_stats(run: dict) -> dict:
         "positive_branch": _pooled(half),
         "by_staleness": low_weight_by_staleness(run),
         "per_update_kl": per_update_kl(run),
+        "pos_neg_ratio": pos_neg_weight_ratio(run),
         "grad_norm": statistics.fmean(values("grad_norm")) if values("grad_norm") else None,
         "clip_ratio": statistics.fmean(values("clip_ratio/region_mean")) if values("clip_ratio/region_mean") else None,
         "pos_length_growth": pos_length_growth(run),
@@ -487,15 +517,18 @@ def gate_specs(args) -> list[dict]:
     return specs
 
 
-def gate_summary(args, runs: dict[str, dict]) -> dict:
-    """The regime map: per (setting, lr) the profile before RL and the low-weight share under dapo, and the choice."""
+def gate_summary(args, runs: dict[str, dict], known_profiles: dict[str, dict] | None = None) -> dict:
+    """The regime map: per (setting, lr) the profile before RL and the low-weight share under dapo, and the choice.
+    ``known_profiles`` (by map point) stand in for warm-start profiles that are not on this machine (a summary
+    regenerated elsewhere keeps the profiles its ``regime.json`` already holds)."""
     rows = []
     for setting, lr in GATE_RUNS:
         run = runs.get(gate_name(setting, lr))
         if run is None:
             continue
         profile_path = Path(base_spec(args, setting, 0)["warm_path"], "regime_profile.json")
-        profile = json.loads(profile_path.read_text()) if profile_path.exists() else None
+        profile = (json.loads(profile_path.read_text()) if profile_path.exists()
+                   else (known_profiles or {}).get(gate_name(setting, lr)))  # fmt: skip
         stats = low_weight_by_staleness(run, run["history"])  # the gate run is the first half
         pooled = _pooled(run["history"])
         share = pooled["share"]
@@ -575,7 +608,8 @@ def compare_summary(runs: dict[str, dict]) -> dict:
                 "sampled_after": (s["heldout"] or {}).get("sampled_after"),
                 "low_weight_share": s["positive_branch"]["share"], "mass_ratio": s["positive_branch"]["mass_ratio"],
                 "pos_length_growth": s["pos_length_growth"], "grad_norm": s["grad_norm"],
-                "per_update_kl": s["per_update_kl"]["per_token"], "clip_ratio": s["clip_ratio"], "wall_s": s["wall_s"],
+                "per_update_kl": s["per_update_kl"]["per_token"], "cycle_kl": s["per_update_kl"]["cycle"],
+                "pos_neg_ratio": s["pos_neg_ratio"], "clip_ratio": s["clip_ratio"], "wall_s": s["wall_s"],
             }
             for seed, s in stats.items()
         }  # fmt: skip
@@ -584,7 +618,7 @@ def compare_summary(runs: dict[str, dict]) -> dict:
             "seeds": sorted(seeds), "per_seed": per_seed,
             **{key: spread([v[key] for v in per_seed.values()]) for key in (
                 "late_mean", "greedy_after", "sampled_after", "pos_length_growth", "grad_norm", "per_update_kl",
-                "clip_ratio", "wall_s")},
+                "cycle_kl", "pos_neg_ratio", "clip_ratio", "wall_s")},
             "positive_branch": pooled,
             "generated_tokens": statistics.fmean(r["generated_tokens"] for r in seeds.values()),
             "updates": next(iter(seeds.values()))["updates"],
@@ -615,9 +649,12 @@ def against(summary: dict, reference: dict) -> list[dict]:
         for ref_name, ref in reference["comparison"]["arms"].items():
             d = paired(per_seed(arm, "late_mean"), per_seed(ref, "late_mean"))
             if d["seeds"]:
-                kl, ref_kl = per_seed(arm, "per_update_kl"), per_seed(ref, "per_update_kl")
-                rows.append({"arm": name, "reference": ref_name, **d, "per_update_kl": {s: kl.get(s) for s in d["seeds"]},
-                             "reference_per_update_kl": {s: ref_kl.get(s) for s in d["seeds"]}})  # fmt: skip
+                row = {"arm": name, "reference": ref_name, **d}
+                for key in ("per_update_kl", "cycle_kl"):  # one step, and a cycle's last quarter (where kernels differ)
+                    here, there = per_seed(arm, key), per_seed(ref, key)
+                    row[key] = {s: here.get(s) for s in d["seeds"]}
+                    row[f"reference_{key}"] = {s: there.get(s) for s in d["seeds"]}
+                rows.append(row)
     return rows
 
 
@@ -626,7 +663,9 @@ def write_summary(args, out: Path) -> dict:
 
     gate_runs = load_runs(gate_dir(args))
     compare_runs = load_runs(Path(out, "arms"))
-    gate = gate_summary(args, gate_runs)
+    previous = Path(out, "regime.json")
+    known = {r["name"]: r["profile"] for r in json.loads(previous.read_text())["gate"]["map"]} if previous.exists() else {}
+    gate = gate_summary(args, gate_runs, known)
     comparison = compare_summary(compare_runs) if compare_runs else {"arms": {}, "scores": {}}
     setting = next(iter(compare_runs.values()))["setting"] if compare_runs else None
     lr = next(iter(compare_runs.values()))["lr"] if compare_runs else None
@@ -779,7 +818,7 @@ def markdown(summary: dict) -> str:
              "training prompts at temperature 1):", "",
              "| setting | lr | terms | nuisance | teacher error | T=1 accuracy | nats/token | nats/response | length "
              "| positives | low-W share (pooled) | by staleness 0-7 / 8-15 / 16-23 / 24-31 | mean log W, k >= 16 "
-             "| per-update KL (per token / per response) | gate |",
+             "| KL per token after 1 update / after 24-31 updates | gate |",
              "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]  # fmt: skip
     for r in gate["map"]:
         t1 = (r["profile"] or {}).get("train_t1", {})
@@ -791,7 +830,7 @@ def markdown(summary: dict) -> str:
             f"| {r['teacher_error']:g} | {_p(t1.get('accuracy'), unit='%')} | {_p(t1.get('entropy_per_token'), 1, 3)} "
             f"| {_p(t1.get('entropy_per_response'), 1, 1)} | {_p(t1.get('mean_length'), 1, 0)} | {r['positives']:.0f} "
             f"| {_p(r['low_weight_share'], unit='%')} | {bins} | {_p(r['log_w_mean_k16'], 1, 2)} "
-            f"| {_p(kl['per_token'], 1, 5)} / {_p(kl['per_response'], 1, 3)} | {'**pass**' if r['passes'] else 'no'} |"
+            f"| {_p(kl['per_token'], 1, 5)} / {_p(kl.get('cycle'), 1, 4)} | {'**pass**' if r['passes'] else 'no'} |"
         )
     chosen = gate["chosen"]
     lines += ["", f"Gate: {'passed, ' + chosen['setting'] + ' at lr ' + format(chosen['lr'], 'g') if chosen else 'no setting passed'}"
@@ -803,8 +842,9 @@ def markdown(summary: dict) -> str:
                   f"{summary['comparison']['updates']} updates):", "",
                   "| arm | N | seeds | late-mean score (%) | per seed (%) | held-out greedy (%) | held-out avg@8, T=1 (%) "
                   "| low-W share / mass share / ratio (own, first half) | ReSPO / VESPO ratio on these batches "
-                  "| positive length growth | grad norm | per-update KL (per token) | clipped fraction | wall (s) |",
-                  "|---|---:|---:|---:|---|---:|---:|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+                  "| positive length growth | grad norm | KL per token after 1 update / after 24-31 updates "
+                  "| weight on positives / negatives, k >= 16 | clipped fraction | wall (s) |",
+                  "|---|---:|---:|---:|---|---:|---:|---|---|---:|---:|---|---:|---:|---:|"]  # fmt: skip
         for arm, a in arms.items():
             pb = a["positive_branch"]
             per_seed = " / ".join(_p(v["late_mean"]) for _, v in sorted(a["per_seed"].items()))
@@ -812,7 +852,8 @@ def markdown(summary: dict) -> str:
                 f"| {arm} | {a['N']} | {len(a['seeds'])} | {_pm(a['late_mean'])} | {per_seed} | {_pm(a['greedy_after'])} "
                 f"| {_pm(a['sampled_after'])} | {_p(pb['share'], unit='%')} / {_p(pb['mass_share'], unit='%')} / {_p(pb['mass_ratio'], 1, 2)} "
                 f"| {_p(pb['respo_mass_ratio'], 1, 2)} / {_p(pb['vespo_mass_ratio'], 1, 2)} "
-                f"| {_pm(a['pos_length_growth'], unit='%')} | {_pm(a['grad_norm'], 1, 3)} | {_pm(a['per_update_kl'], 1, 5)} "
+                f"| {_pm(a['pos_length_growth'], unit='%')} | {_pm(a['grad_norm'], 1, 3)} "
+                f"| {_pm(a['per_update_kl'], 1, 5)} / {_pm(a.get('cycle_kl'), 1, 4)} | {_pm(a.get('pos_neg_ratio'), 1, 2)} "
                 f"| {_pm(a['clip_ratio'], 100, 2, unit='%')} | {_pm(a['wall_s'], 1, 0)} |"
             )
         # seeds differ in their warm starts (and so in how far they are in the regime): per seed, every arm
@@ -837,12 +878,14 @@ def markdown(summary: dict) -> str:
     if summary.get("against"):
         ref = summary["against"]
         lines += ["", (f"Against `{ref['dir']}` (lr {ref['lr']:g}): late-mean score, the arm here minus the arm there, "
-                       "by seed (points); per-update KL per token (x 1e-5), here / there, by seed:"), "",
-                  "| arm here | minus | seeds | per seed (points) | mean | 95% interval | per-update KL, here / there |",
+                       "by seed (points); KL per token to the rollout policy after 24-31 updates (x 1e-3), here / "
+                       "there, by seed (the movement over a cycle, where kernels differ):"), "",
+                  "| arm here | minus | seeds | per seed (points) | mean | 95% interval | KL after 24-31 updates, here / there |",
                   "|---|---|---|---|---:|---|---|"]  # fmt: skip
         for r in ref["rows"]:
             seeds = sorted(r["per_seed"], key=int)
-            kl = " ; ".join(f"{_p(r['per_update_kl'][s], 1e5, 1)} / {_p(r['reference_per_update_kl'][s], 1e5, 1)}" for s in seeds)
+            kl = " ; ".join(f"{_p(r.get('cycle_kl', {}).get(s), 1e3, 1)} / {_p(r.get('reference_cycle_kl', {}).get(s), 1e3, 1)}"
+                            for s in seeds)  # fmt: skip
             per = " / ".join(f"{r['per_seed'][s]:+.1f}" for s in seeds)
             ci = "n/a" if not r["ci"] else f"[{r['ci'][0]:+.1f}, {r['ci'][1]:+.1f}]"
             lines.append(f"| {r['arm']} | {r['reference']} | {', '.join(map(str, seeds))} | {per} | {r['mean']:+.1f} | {ci} | {kl} |")

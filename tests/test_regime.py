@@ -94,6 +94,7 @@ def test_gate_statistics_pool_by_staleness_and_over_the_first_half(regime):
     assert pooled["respo_mass_ratio"] == pytest.approx((24 / 128) / (16 / 128))  # the same-batch counterfactual
     assert regime.per_update_kl(run)["per_token"] == pytest.approx(0.001)  # staleness 1 only
     assert regime.per_update_kl(run)["per_response"] == pytest.approx(0.1)
+    assert regime.per_update_kl(run)["cycle"] == pytest.approx(0.0275)  # staleness 24-31, after the first cycle
     assert regime.late_mean(run) == pytest.approx(0.1 + 33 / 1000)  # the one rollout batch sampled after update 32
 
 
@@ -193,7 +194,7 @@ def test_a_comparison_away_from_the_gates_choice_gets_no_verdict(regime, tmp_pat
     assert by_pair["vespo", "respo"]["mean"] == pytest.approx(5.0) and by_pair["respo", "respo"]["mean"] == 0.0
     assert by_pair["respo", "vespo"]["per_update_kl"][0] == pytest.approx(0.001)  # k = 1 rows: offpolicy/kl = 0.001
     table = regime.markdown(json.loads((tmp_path / "posthoc-7e-05" / "regime.json").read_text()))
-    assert "| respo | vespo | 0 | -5.0 | -5.0 | n/a | 100.0 / 100.0 |" in table  # one seed: no interval
+    assert "| respo | vespo | 0 | -5.0 | -5.0 | n/a | 27.5 / 27.5 |" in table  # one seed: no interval; KL at k = 24-31
     assert regime.posthoc_reason({"chosen": None}, "long", 7e-5) is None  # no gate choice: the rule says so itself
 
 
