@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .kernels import BRANCH_KINDS, RESPO_DEFAULTS, TRL_LOSS_TYPES, check_constant
-from .routing_replay import config_problems
+from .routing_replay_hooks import config_problems
 
 TRUST_MASK_MODES = ("auto", "directional", "none")
 # TRL's token-level clip defaults (GRPOConfig.epsilon; epsilon_high defaults to epsilon): the trust mask's bounds when

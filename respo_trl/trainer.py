@@ -39,7 +39,7 @@ from .diagnostics import COLUMNS, LOW_WEIGHT_PREFIX, LOW_WEIGHT_SUMS, pooled_low
 from .hub.card import RESPO_CITATION, TRAINER_TAGS, write_trainer_card
 from .hub.push import hub_failure
 from .kernels import LossParams, fold_sampler_ratio, kish_ess, registered_loss_for, respo_coefficients, sequence_log_weight
-from .routing_replay import RoutingReplayMixin
+from .routing_replay_hooks import RoutingReplayMixin
 
 logger = get_logger(__name__)
 
