@@ -38,6 +38,7 @@ from .config import ReSPOConfig, describe_kernel, respo_notes
 from .diagnostics import COLUMNS, LOW_WEIGHT_PREFIX, LOW_WEIGHT_SUMS, pooled_low_weight, sequence_stats, summarize
 from .hub.card import RESPO_CITATION, TRAINER_TAGS, write_trainer_card
 from .hub.push import hub_failure
+from .integrations.vllm import check_colocated_weight_sync
 from .kernels import LossParams, fold_sampler_ratio, kish_ess, registered_loss_for, respo_coefficients, sequence_log_weight
 from .routing_replay_hooks import RoutingReplayMixin
 
@@ -122,6 +123,8 @@ class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
                 main_process_only=True,
             )
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
+        if self.use_vllm and self.vllm_mode == "colocate":  # an engine TRL cannot sync into stops here, in one line
+            check_colocated_weight_sync(self.vllm_generation)
         if self.loss_type == "respo":
             for line in [describe_kernel(args), *respo_notes(args)]:
                 logger.warning(line, main_process_only=True)
