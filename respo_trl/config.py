@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .kernels import BRANCH_KINDS, RESPO_DEFAULTS, TRL_LOSS_TYPES, check_constant
+from .kernels import BRANCH_KINDS, CONSTANT_KEYS, RESPO_DEFAULTS, TRL_LOSS_TYPES, check_constant
 from .routing_replay_hooks import config_problems
 
 TRUST_MASK_MODES = ("auto", "directional", "none")
@@ -23,16 +23,6 @@ TRUST_MASK_MODES = ("auto", "directional", "none")
 TRL_TOKEN_EPSILON = GRPOConfig.__dataclass_fields__["epsilon"].default
 LOSS_TYPES = tuple(TRL_LOSS_TYPES)  # what ReSPOTrainer trains: every TRL 1.16 loss_type and ReSPO
 SAMPLER_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL 1.16's vLLM IS modes
-
-# ReSPOConfig field -> (kernel argument, kind checked by `check_constant`)
-KERNEL_FIELDS = {
-    "respo_alpha_pos": ("alpha_pos", "alpha"),
-    "respo_beta_pos": ("beta_pos", "beta"),
-    "respo_lambda_pos": ("lam_pos", "lam"),
-    "respo_alpha_neg": ("alpha_neg", "alpha"),
-    "respo_beta_neg": ("beta_neg", "beta"),
-    "respo_lambda_neg": ("lam_neg", "lam"),
-}
 
 
 def check_loss_type(loss_type) -> None:
@@ -303,8 +293,8 @@ class ReSPOConfig(GRPOConfig):
 
     def validate_respo(self) -> None:
         """Check the ReSPO fields (also used when a plain ``GRPOConfig`` is upgraded)."""
-        for name, (_, kind) in KERNEL_FIELDS.items():
-            setattr(self, name, check_constant(name, getattr(self, name), kind))
+        for name, arg in CONSTANT_KEYS.items():
+            setattr(self, name, check_constant(name, getattr(self, name), arg.split("_")[0]))
         for name in ("respo_pos_branch", "respo_neg_branch"):
             if getattr(self, name) not in BRANCH_KINDS:
                 raise ValueError(f"{name} must be one of {BRANCH_KINDS}, got {getattr(self, name)!r}")
@@ -371,7 +361,7 @@ class ReSPOConfig(GRPOConfig):
     @property
     def kernel_constants(self) -> dict[str, float]:
         """The six kernel constants under :func:`respo_trl.kernels.respo_kernel`'s argument names."""
-        return {arg: getattr(self, name) for name, (arg, _) in KERNEL_FIELDS.items()}
+        return {arg: getattr(self, name) for name, arg in CONSTANT_KEYS.items()}
 
     @classmethod
     def from_grpo_config(cls, args: GRPOConfig, **overrides) -> "ReSPOConfig":

@@ -31,8 +31,11 @@ Tensor = torch.Tensor
 
 LOG_W_CLAMP = 20.0  # |log W| is clamped here (spec section 2; the authors' code clamps the same)
 
-# The paper's constants, used for every reported run (respo-paper-facts.md): positive (2, 0.5, 2), negative (1, 0.5, 2).
+# The paper's constants, used for every reported run: positive (2, 0.5, 2), negative (1, 0.5, 2).
 RESPO_DEFAULTS = {"alpha_pos": 2.0, "beta_pos": 0.5, "lam_pos": 2.0, "alpha_neg": 1.0, "beta_neg": 0.5, "lam_neg": 2.0}
+# The one map from the constants' config name (``ReSPOConfig``'s field and verl's ``policy_loss`` key, the same
+# spelling in both) to the kernel's argument; the part before "_" is the kind :func:`check_constant` checks.
+CONSTANT_KEYS = {f"respo_{arg.replace('lam_', 'lambda_')}": arg for arg in RESPO_DEFAULTS}
 # What each branch of the two-branch kernel can be: the paper's power mean with its tilt ("respo", the default), or
 # VESPO's gamma kernel ``W^k exp(lam (1 - W))`` with the ``vespo_*`` constants ("vespo"). The second exists to take
 # the two kernels apart one branch at a time (docs/benchmarks.md 5.5); it is not the paper's method.
@@ -285,14 +288,7 @@ class LossParams:
 
     def respo_constants(self) -> dict[str, float]:
         """The six kernel constants under :func:`respo_kernel`'s argument names."""
-        return {
-            "alpha_pos": self.respo_alpha_pos,
-            "beta_pos": self.respo_beta_pos,
-            "lam_pos": self.respo_lambda_pos,
-            "alpha_neg": self.respo_alpha_neg,
-            "beta_neg": self.respo_beta_neg,
-            "lam_neg": self.respo_lambda_neg,
-        }
+        return {arg: getattr(self, key) for key, arg in CONSTANT_KEYS.items()}
 
 
 PolicyLoss = Callable[..., Tensor]

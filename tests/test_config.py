@@ -27,6 +27,9 @@ def test_defaults(configs, tmp_path):
     assert args.respo_reuse == args.num_iterations == 1
     assert args.kernel_constants == {"alpha_pos": 2.0, "beta_pos": 0.5, "lam_pos": 2.0, "alpha_neg": 1.0,
                                      "beta_neg": 0.5, "lam_neg": 2.0}
+    from respo_trl.kernels import CONSTANT_KEYS  # the one map, shared with the verl plugin's config keys
+
+    assert set(CONSTANT_KEYS) <= set(configs[0].__dataclass_fields__) and "respo_lambda_neg" in CONSTANT_KEYS
     # baselines keep TRL's own defaults (the sampler-correction mode among them)
     trl_default = configs[1].__dataclass_fields__["vllm_importance_sampling_mode"].default
     assert args.vllm_importance_sampling_mode == trl_default == "sequence_mask"

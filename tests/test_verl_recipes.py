@@ -77,10 +77,10 @@ def test_model_specific_settings():
 
 
 def test_nodes_and_extra_overrides_pass_through():
-    args, lines = dry_run("train_qwen3_1_7b.sh", "--N", "16", "+actor_rollout_ref.actor.policy_loss.respo_lam_pos=1.0",
+    args, lines = dry_run("train_qwen3_1_7b.sh", "--N", "16", "+actor_rollout_ref.actor.policy_loss.respo_lambda_pos=1.0",
                           NNODES="4", GPUS_PER_NODE="8")
     assert args["trainer.nnodes"] == "4" and args["trainer.n_gpus_per_node"] == "8"
-    assert lines[-1] == "+actor_rollout_ref.actor.policy_loss.respo_lam_pos=1.0"  # last, so it wins
+    assert lines[-1] == "+actor_rollout_ref.actor.policy_loss.respo_lambda_pos=1.0"  # last, so it wins
 
 
 @pytest.mark.parametrize("script", LAUNCHERS)

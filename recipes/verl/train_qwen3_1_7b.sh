@@ -13,7 +13,7 @@
 # N nodes: start Ray first (head: `ray start --head`; others: `ray start --address=HEAD_IP:6379`), then on the head:
 #   NNODES=4 GPUS_PER_NODE=8 bash recipes/verl/train_qwen3_1_7b.sh --N 16
 # verl's async trainers: `--trainer one_step_off` or `--trainer fully_async` (rollout on ROLLOUT_GPUS_PER_NODE GPUs).
-# Extra arguments are Hydra overrides, e.g. `+actor_rollout_ref.actor.policy_loss.respo_lam_pos=1.0` or
+# Extra arguments are Hydra overrides, e.g. `+actor_rollout_ref.actor.policy_loss.respo_lambda_pos=1.0` or
 # `trainer.logger=['console','wandb']`. `--dry-run` prints the command. Details: docs/verl.md.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

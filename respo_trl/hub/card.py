@@ -33,7 +33,7 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from ..kernels import RESPO_DEFAULTS
+from ..kernels import CONSTANT_KEYS, RESPO_DEFAULTS
 
 TEMPLATE = "hub/templates/model_card.md"  # package data of respo_trl
 RESULTS_FILE = "eval_math.json"  # recipes/eval_math.py
@@ -425,7 +425,7 @@ def render_card(
         alpha_neg=args.get("respo_alpha_neg"),
         beta_neg=args.get("respo_beta_neg"),
         lambda_neg=args.get("respo_lambda_neg"),
-        paper_constants=all(args.get("respo_" + k.replace("lam_", "lambda_")) == v for k, v in RESPO_DEFAULTS.items()),
+        paper_constants=all(args.get(key) == RESPO_DEFAULTS[arg] for key, arg in CONSTANT_KEYS.items()),
         trust_mask=bool(args.get("respo_trust_mask_active")),
         reuse=args.get("respo_reuse", args.get("num_iterations", 1)),
         updates_per_rollout=updates_per_rollout(args),

@@ -66,8 +66,8 @@ def _validate(compose_verl, *extra):
 
 def test_valid_constants_pass_verl_start_up_validation(compose_verl):
     actor = _validate(compose_verl, "+actor_rollout_ref.actor.policy_loss.respo_beta_neg=1.0",
-                      "+actor_rollout_ref.actor.policy_loss.respo_lam_pos=0")
-    assert actor.policy_loss.respo_beta_neg == 1.0 and actor.policy_loss.respo_lam_pos == 0.0
+                      "+actor_rollout_ref.actor.policy_loss.respo_lambda_pos=0")
+    assert actor.policy_loss.respo_beta_neg == 1.0 and actor.policy_loss.respo_lambda_pos == 0.0
 
 
 @pytest.mark.parametrize(
@@ -77,8 +77,9 @@ def test_valid_constants_pass_verl_start_up_validation(compose_verl):
         ("respo_beta_neg=-0.1", "respo_beta_neg"),
         ("respo_alpha_neg=0", "respo_alpha_neg"),
         ("respo_alpha_pos=-2", "respo_alpha_pos"),
-        ("respo_lam_pos=-1", "respo_lam_pos"),
-        ("respo_lam_neg=nan", "respo_lam_neg"),
+        ("respo_lambda_pos=-1", "respo_lambda_pos"),
+        ("respo_lambda_neg=nan", "respo_lambda_neg"),
+        ("respo_lam_pos=-1", "respo_lambda_pos"),  # 0.3's alias: checked as the field it names
         ("respo_rollout_is=geometric", "respo_rollout_is"),
         ("respo_alpah_pos=2", "respo_alpah_pos"),  # misspelt: unknown key
     ],
@@ -103,7 +104,32 @@ def test_respo_keys_without_our_target_fail_naming_the_key(compose_verl):
 def test_unknown_respo_key_in_a_plain_dict_config_is_rejected():
     from respo_trl.integrations.verl import respo_constants
 
-    with pytest.raises(ValueError, match="respo_lambda_pos"):
-        respo_constants({"policy_loss": {"loss_mode": "respo", "respo_lambda_pos": 2.0}})
-    constants, level = respo_constants({"policy_loss": {"respo_beta_pos": 0.75}})
-    assert constants["beta_pos"] == 0.75 and constants["alpha_pos"] == 2.0 and level == "auto"
+    with pytest.raises(ValueError, match="respo_lambda_pos_x"):
+        respo_constants({"policy_loss": {"loss_mode": "respo", "respo_lambda_pos_x": 2.0}})
+    constants, level = respo_constants({"policy_loss": {"respo_beta_pos": 0.75, "respo_lambda_neg": 1.5}})
+    assert constants["beta_pos"] == 0.75 and constants["lam_neg"] == 1.5 and constants["alpha_pos"] == 2.0
+    assert level == "auto"
+
+
+def test_the_constants_have_one_spelling_and_the_old_verl_keys_are_aliases_that_say_so(actor_config, caplog,
+                                                                                        monkeypatch):
+    """0.3 spelled lambda `respo_lam_*` in verl and `respo_lambda_*` in TRL: ReSPOConfig's names now work in both, and
+    the old keys still work (a warning names the new key); both with different values is an error naming both."""
+    import dataclasses
+    import logging
+
+    from respo_trl.integrations.verl import ReSPOPolicyLossConfig, respo_constants
+    from respo_trl.kernels import CONSTANT_KEYS  # ReSPOConfig's fields (tests/test_config.py checks that side)
+
+    import respo_trl.integrations.verl as respo_verl
+
+    monkeypatch.setattr(respo_verl, "_ALIAS_WARNED", set())  # the warning is once per process
+    assert set(CONSTANT_KEYS) <= {f.name for f in dataclasses.fields(ReSPOPolicyLossConfig)}
+    assert "respo_lambda_pos" in CONSTANT_KEYS and "respo_lam_pos" not in CONSTANT_KEYS
+    with caplog.at_level(logging.WARNING):
+        actor = actor_config("+actor_rollout_ref.actor.policy_loss.respo_lam_pos=0.5")
+    assert actor.policy_loss.respo_lambda_pos == 0.5 and respo_constants(actor)[0]["lam_pos"] == 0.5
+    assert any("respo_lam_pos is the 0.3 name of" in r.getMessage() for r in caplog.records)
+    assert respo_constants({"policy_loss": {"respo_lam_neg": 0.25}})[0]["lam_neg"] == 0.25
+    with pytest.raises(ValueError, match="respo_lam_pos=0.5 and .*respo_lambda_pos=1.5"):
+        respo_constants({"policy_loss": {"respo_lam_pos": 0.5, "respo_lambda_pos": 1.5}})

@@ -202,7 +202,7 @@ def test_icepop_rejected_response_gets_no_gradient(batch, actor_config):
 def test_constants_from_verl_config_reach_the_kernel(batch, actor_config):
     config = actor_config("+actor_rollout_ref.actor.policy_loss.respo_alpha_pos=3.0",
                           "+actor_rollout_ref.actor.policy_loss.respo_beta_pos=0.25",
-                          "+actor_rollout_ref.actor.policy_loss.respo_lam_neg=0.5")
+                          "+actor_rollout_ref.actor.policy_loss.respo_lambda_neg=0.5")
     assert type(config.policy_loss).__name__ == "ReSPOPolicyLossConfig"
     assert config.policy_loss.respo_alpha_pos == 3.0 and config.policy_loss.respo_alpha_neg == 1.0
     loss, _ = respo_loss(batch, config=config)
