@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from benchmarks.machine import QUIET_CPU_TRAINING, machine_info  # noqa: E402
-from respo_trl.demo.rewards import crc_reward  # noqa: E402
+from respo_trl.rewards import crc_reward  # noqa: E402
 
 
 

@@ -145,7 +145,8 @@ def profile_warm_start(setting: str, seed: int, args: list[str], path: str, n_pr
     temperature-1 samples of training prompts (accuracy, length, entropy) and held-out greedy and avg@k accuracy."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from respo_trl.demo.warmstart import generate, grade, sampling_profile
+    from respo_trl.demo.warmstart import generate, sampling_profile
+    from respo_trl.grading import accuracy_scores as grade
 
     profile_path = Path(path, "regime_profile.json")
     warm_start("dense", seed, args, path)

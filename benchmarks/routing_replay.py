@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from benchmarks.machine import QUIET_CPU_TRAINING, machine_info  # noqa: E402
-from respo_trl.demo.rewards import crc_reward  # noqa: E402
+from respo_trl.rewards import crc_reward  # noqa: E402
 
 MODELS = {  # name: tiny_qwen3 kwargs
     "tiny (64x2, 4 experts top-2)": dict(hidden_size=64, num_layers=2, num_experts=4, experts_per_token=2),

@@ -99,8 +99,8 @@ def main(script_args: RecipeArguments, training_args, model_args) -> dict:
     from trl import get_peft_config
 
     from respo_trl import ReSPOTrainer
-    from respo_trl.demo.rewards import ACCURACY_REWARDS, probe_rewards, reward_name
-    from respo_trl.demo.warmstart import grade
+    from respo_trl.rewards import ACCURACY_REWARDS, probe_rewards, reward_name
+    from respo_trl.grading import accuracy_scores as grade
 
     logger = get_logger(__name__)
     state = PartialState()

@@ -97,6 +97,16 @@ def grade(completions: Sequence[str], solutions: Sequence[str]) -> list[Grade]:
     return [Grade(reward, answer) for reward, answer in zip(rewards, logged["answer_parsed"], strict=True)]
 
 
+def accuracy_scores(completions: Sequence[str], solutions: Sequence[str], reward_fn=None) -> list[float]:
+    """The training accuracy reward of each completion text (``trl.rewards.accuracy_reward`` unless ``reward_fn``, the
+    run's own accuracy reward, is given), with an ungradable gold answer (``None``) scored 0: the held-out accuracy
+    the recipe, the warm start's demonstrations and the benchmarks report."""
+    if reward_fn is None:
+        from trl.rewards import accuracy_reward as reward_fn
+    scores = reward_fn([[{"role": "assistant", "content": c}] for c in completions], list(solutions))
+    return [0.0 if s is None else float(s) for s in scores]
+
+
 def dapo_accuracy_reward(completions, solution, log_extra=None, **kwargs) -> list[float | None]:
     """DAPO-style accuracy reward for TRL: ``+1.0`` for a correct final answer, ``-1.0`` otherwise.
 

@@ -22,7 +22,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from respo_trl.demo.rewards import crc_reward  # noqa: E402,F401  (re-exported to tests and workers)
+from respo_trl.rewards import crc_reward  # noqa: E402,F401  (re-exported to tests and workers)
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 

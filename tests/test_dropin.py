@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import CPU_ARGS
-from respo_trl.demo.rewards import crc_reward
+from respo_trl.rewards import crc_reward
 from vllm_standin import use_fake_vllm
 
 MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import CPU_ARGS
-from respo_trl.demo.rewards import crc_reward
+from respo_trl.rewards import crc_reward
 from vllm_standin import use_fake_vllm
 
 

@@ -1,4 +1,4 @@
-"""The built-in arithmetic task (respo_trl.demo.tasks), the warm-start helpers and the recipes' rewards (respo_trl.demo.rewards).
+"""The built-in arithmetic task (respo_trl.demo.tasks), the warm-start helpers and the recipes' rewards (respo_trl.rewards).
 
 The task is what the embedded default of recipes/qwen3_respo.py learns; these tests pin its correctness (answers,
 disjoint splits, the imperfect teacher) so that the demo's numbers mean what docs/recipes.md says they mean.
@@ -103,7 +103,8 @@ def test_tiny_tokenizer_keeps_boxed_as_one_token_and_completions_fit_the_preset(
 
 def test_supervised_warm_start_learns_and_is_seeded(tokenizer):
     from respo_trl.demo.tiny import tiny_qwen3
-    from respo_trl.demo.warmstart import generate, grade, supervised_warm_start
+    from respo_trl.demo.warmstart import generate, supervised_warm_start
+    from respo_trl.grading import accuracy_scores
 
     task = ArithmeticTask(min_terms=2, max_terms=2, max_operand=3, scratchpad=False)
     rows = task.rows("train", 12, seed=0)
@@ -120,14 +121,14 @@ def test_supervised_warm_start_learns_and_is_seeded(tokenizer):
     assert run()[1] == losses  # same seed, same trajectory
     texts, lengths = generate(model, tokenizer, rows["prompt"], max_new_tokens=8)
     assert len(texts) == 12 and all(0 < n <= 8 for n in lengths)
-    assert sum(grade(texts, rows["solution"])) >= 6  # memorised most of its 12 training problems
+    assert sum(accuracy_scores(texts, rows["solution"])) >= 6  # memorised most of its 12 training problems
 
 
 # -- rewards ----------------------------------------------------------------------------------------------------------
 
 
 def test_boxed_format_reward():
-    from respo_trl.demo.rewards import boxed_format_reward
+    from respo_trl.rewards import boxed_format_reward
 
     texts = [
         "1+2=3 \\boxed{3}",
@@ -142,17 +143,17 @@ def test_boxed_format_reward():
 
 
 def test_reward_names_resolve_or_fail_clearly():
-    from respo_trl.demo.rewards import boxed_format_reward, resolve_reward
+    from respo_trl.rewards import boxed_format_reward, resolve_reward
 
     assert resolve_reward("format") is boxed_format_reward
     assert resolve_reward("accuracy").__name__ == "accuracy_reward"
-    assert resolve_reward("respo_trl.demo.rewards.boxed_format_reward") is boxed_format_reward
+    assert resolve_reward("respo_trl.rewards.boxed_format_reward") is boxed_format_reward
     with pytest.raises(ValueError, match="unknown reward function 'acuracy'.*accuracy"):
         resolve_reward("acuracy")
     with pytest.raises(ValueError, match="cannot import module"):
         resolve_reward("no_such_module.reward")
     with pytest.raises(ValueError, match="no callable"):
-        resolve_reward("respo_trl.demo.rewards.nothing_here")
+        resolve_reward("respo_trl.rewards.nothing_here")
 
 
 def failing_reward(completions, **kwargs):
@@ -160,7 +161,7 @@ def failing_reward(completions, **kwargs):
 
 
 def test_probe_names_a_raising_reward_and_a_wrong_answer_column():
-    from respo_trl.demo.rewards import boxed_format_reward, probe_rewards, resolve_reward
+    from respo_trl.rewards import boxed_format_reward, probe_rewards, resolve_reward
 
     accuracy = resolve_reward("accuracy")
     rows = {"prompt": [[{"role": "user", "content": "1+1"}]] * 4, "solution": ["2"] * 4, "source": ["a"] * 4}

@@ -2,8 +2,9 @@
 
 * :mod:`.tiny`: tiny Qwen3 dense/MoE models and a character tokenizer, built locally (no downloads).
 * :mod:`.tasks`: the built-in verifiable task (multi-step arithmetic, disjoint train/test split).
-* :mod:`.warmstart`: the supervised warm start and batched greedy/sampled generation with grading.
-* :mod:`.rewards`: reward functions by name for the recipe (TRL's ``accuracy_reward`` and friends), a probe that fails
-  clearly before compute is spent, and ``crc_reward``, the deterministic pseudo-reward of the tests and benchmarks.
-* :mod:`.plots`: the recipe's plots.
+* :mod:`.warmstart`: the supervised warm start and batched greedy/sampled generation (graded by
+  :mod:`respo_trl.grading`).
+
+The recipe's rewards are :mod:`respo_trl.rewards`, its grading :mod:`respo_trl.grading`, its plots
+:mod:`respo_trl.recipe.plots`.
 """

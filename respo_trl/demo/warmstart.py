@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..grading import accuracy_scores
+
 
 def _prompt_ids(tokenizer, prompt) -> list[int]:
     if isinstance(prompt, str):
@@ -154,14 +156,6 @@ def generate(
     return texts, lengths
 
 
-def grade(completions: Sequence[str], solutions: Sequence[str], reward_fn=None) -> list[float]:
-    """Score completions with the training accuracy reward (``trl.rewards.accuracy_reward`` by default)."""
-    if reward_fn is None:
-        from trl.rewards import accuracy_reward as reward_fn
-    scores = reward_fn([[{"role": "assistant", "content": c}] for c in completions], list(solutions))
-    return [0.0 if s is None else float(s) for s in scores]
-
-
 @torch.no_grad()
 def sampling_profile(
     model,
@@ -218,7 +212,7 @@ def sampling_profile(
     finally:
         torch.random.set_rng_state(generator_state)
         model.train(was_training)
-    correct = grade(texts, answers, reward_fn)
+    correct = accuracy_scores(texts, answers, reward_fn)
     tokens = sum(lengths)
     return {
         "accuracy": sum(correct) / max(len(correct), 1),

@@ -19,6 +19,7 @@ from pathlib import Path
 from trl import ModelConfig, TrlParser
 
 from ..config import ReSPOConfig
+from ..rewards import ACCURACY_REWARDS, resolve_reward
 
 
 class RecipeError(ValueError):
@@ -44,7 +45,6 @@ ALGORITHMS = {
     # VESPO with TRL's defaults (vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg)
     "vespo": {"loss_type": "vespo", "importance_sampling_level": "token"},
 }
-SOFT_OVERLONG = "soft_overlong"
 LAUNCH_PROCESSES = -1  # a bare --dry_run: the process count of the launch it runs under
 
 
@@ -553,8 +553,6 @@ def validate_args(
     """Cheap checks with clear messages, before any model or dataset is loaded. ``num_processes`` is the process count
     the batch arithmetic is checked for (default: the preset's ``expected_num_processes``, or the launch's for presets
     with the paper's batch contract, whose accumulation is derived for the launch)."""
-    from respo_trl.demo.rewards import ACCURACY_REWARDS
-
     if script_args.eval_mode not in EVAL_MODES:
         raise ValueError(f"eval_mode must be one of {EVAL_MODES}, got {script_args.eval_mode!r}")
     if script_args.tiny_model is None and not model_args.model_name_or_path:
@@ -736,21 +734,8 @@ def check_batch_arithmetic(args: ReSPOConfig, num_processes: int, sampled_eval: 
 
 
 def build_reward(name: str, script_args: RecipeArguments, training_args: ReSPOConfig):
-    """A reward function by name: the registry of ``respo_trl.demo.rewards`` (or a dotted path), plus ``soft_overlong``,
-    TRL's ``get_soft_overlong_punishment(max_completion_length, soft_overlong_cache)``."""
-    from respo_trl.demo.rewards import resolve_reward
-
-    if name != SOFT_OVERLONG:
-        return resolve_reward(name)
-    from trl.rewards import get_soft_overlong_punishment
-
-    cache, cap = script_args.soft_overlong_cache, training_args.max_completion_length
-    if not 0 < cache <= cap:
-        raise ValueError(
-            f"reward 'soft_overlong' needs 0 < soft_overlong_cache <= max_completion_length ({cap}), got "
-            f"soft_overlong_cache={cache}: pass --soft_overlong_cache (the paper's 30B runs: 4096 of 8192)"
-        )
-    return get_soft_overlong_punishment(max_completion_len=cap, soft_punish_cache=cache)
+    """A reward function by name (:func:`respo_trl.rewards.resolve_reward`) with this run's completion budget."""
+    return resolve_reward(name, training_args.max_completion_length, script_args.soft_overlong_cache)
 
 
 def reward_description(script_args: RecipeArguments, training_args: ReSPOConfig) -> str:

@@ -17,7 +17,8 @@ def greedy_accuracy(trainer, dataset, max_new_tokens: int, batch_size: int, rewa
     import torch
     from trl.models import unwrap_model_for_generation
 
-    from respo_trl.demo.warmstart import generate, grade
+    from respo_trl.demo.warmstart import generate
+    from respo_trl.grading import accuracy_scores
 
     accelerator = trainer.accelerator
     shard = dataset.select(range(accelerator.process_index, len(dataset), accelerator.num_processes))
@@ -25,7 +26,7 @@ def greedy_accuracy(trainer, dataset, max_new_tokens: int, batch_size: int, rewa
         texts, lengths = generate(
             model, trainer.processing_class, shard["prompt"], max_new_tokens=max_new_tokens, batch_size=batch_size
         )
-    correct = grade(texts, shard["solution"], reward_fn) if texts else []
+    correct = accuracy_scores(texts, shard["solution"], reward_fn) if texts else []
     local = torch.tensor([sum(correct), len(correct), sum(lengths)], dtype=torch.float64, device=accelerator.device)
     total = accelerator.reduce(local, "sum").tolist()
     return {

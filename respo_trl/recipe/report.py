@@ -87,7 +87,7 @@ def training_summary(trainer, train_result, training_args, world: int, sampled: 
 
 def write_report(report: dict, trainer, script_args, training_args, model_args, model_name: str) -> None:
     """Plots, ``report.json`` and the model card (which reads the held-out numbers from it), on the main process."""
-    from respo_trl.demo.plots import plot_run
+    from .plots import plot_run
 
     out = training_args.output_dir
     report["args"] = {"script": asdict(script_args), "model": asdict(model_args)}

@@ -1,4 +1,5 @@
-"""Reward functions for the recipes, resolved by name, and a pre-flight probe that runs them before any compute.
+"""Reward functions by name (the recipe's ``--reward_funcs``, the paper presets' among them), and a pre-flight probe
+that runs them before any compute.
 
 Why: a reward function that raises, or an answer column that math-verify cannot parse, otherwise surfaces after the
 model is loaded and the first batch is generated (minutes to hours on a real preset). :func:`probe_rewards` calls
@@ -6,7 +7,9 @@ every reward function on a handful of dataset rows with a synthetic "reference" 
 and fails with a message that names the function and the column.
 
 Accuracy is TRL's own ``trl.rewards.accuracy_reward`` (math-verify), so the recipes are graded exactly like TRL's
-GRPO examples. The format reward is ours: it checks the final-answer convention the accuracy reward relies on.
+GRPO examples; ``dapo_accuracy`` (the paper's +1/-1) and every held-out score go through :mod:`respo_trl.grading`.
+The format reward is ours: it checks the final-answer convention the accuracy reward relies on. ``soft_overlong`` is
+TRL's ``get_soft_overlong_punishment``, built from the run's completion budget.
 """
 
 from __future__ import annotations
@@ -87,8 +90,9 @@ def _think_format_reward():
 # Names accepted by the recipe's ``--reward_funcs``; a dotted path ``package.module.function`` also works.
 # ``reasoning_accuracy`` (TRL) grades only the text after ``</think>``: stricter than ``accuracy`` for thinking models,
 # which also credits a box written inside unfinished reasoning. ``dapo_accuracy`` scores +1/-1 (verl's DAPO reward
-# manager, the ReSPO paper's) with the same math-verify grading; ``soft_overlong`` is built by the recipe from
-# max_completion_length (trl.rewards.get_soft_overlong_punishment).
+# manager, the ReSPO paper's) with the same math-verify grading; ``soft_overlong`` (SOFT_OVERLONG) is built from the
+# completion budget (trl.rewards.get_soft_overlong_punishment).
+SOFT_OVERLONG = "soft_overlong"
 REWARD_FUNCS: dict[str, Callable[[], Callable]] = {
     "accuracy": _accuracy_reward,
     "dapo_accuracy": _dapo_accuracy_reward,
@@ -98,8 +102,22 @@ REWARD_FUNCS: dict[str, Callable[[], Callable]] = {
 }
 
 
-def resolve_reward(name: str) -> Callable:
-    """A reward function from a registry name or a dotted import path; a clear ``ValueError`` otherwise."""
+def resolve_reward(name: str, max_completion_length: int | None = None, soft_overlong_cache: int = 0) -> Callable:
+    """A reward function from a registry name or a dotted import path; a clear ``ValueError`` otherwise.
+
+    ``soft_overlong`` is TRL's ``get_soft_overlong_punishment(max_completion_length, soft_overlong_cache)``: 0 up to
+    ``max_completion_length - soft_overlong_cache`` tokens, then falling linearly to -1 at ``max_completion_length``.
+    """
+    if name == SOFT_OVERLONG:
+        from trl.rewards import get_soft_overlong_punishment
+
+        cap, cache = max_completion_length, soft_overlong_cache
+        if cap is None or not 0 < cache <= cap:
+            raise ValueError(
+                f"reward 'soft_overlong' needs 0 < soft_overlong_cache <= max_completion_length ({cap}), got "
+                f"soft_overlong_cache={cache}: pass --soft_overlong_cache (the paper's 30B runs: 4096 of 8192)"
+            )
+        return get_soft_overlong_punishment(max_completion_len=cap, soft_punish_cache=cache)
     if name in REWARD_FUNCS:
         return REWARD_FUNCS[name]()
     if "." in name:
@@ -115,7 +133,7 @@ def resolve_reward(name: str) -> Callable:
             raise ValueError(f"reward function {name!r}: module {module_path!r} has no callable {attribute!r}")
         return function
     raise ValueError(
-        f"unknown reward function {name!r}: use one of {sorted(REWARD_FUNCS)} or a dotted import path "
+        f"unknown reward function {name!r}: use one of {sorted([*REWARD_FUNCS, SOFT_OVERLONG])} or a dotted import path "
         "such as 'my_package.rewards.my_reward'"
     )
 
@@ -183,6 +201,8 @@ ACCURACY_REWARDS = ("accuracy", "reasoning_accuracy")  # the ones held-out accur
 __all__ = [
     "ACCURACY_REWARDS",
     "REWARD_FUNCS",
+    "SOFT_OVERLONG",
+    "crc_reward",
     "boxed_format_reward",
     "find_boxed_answer",
     "probe_rewards",
