@@ -18,6 +18,7 @@ The rule of each hypothesis is in docs/benchmarks.md 5.5 (written before the run
     python benchmarks/regime_mechanism.py run --arms onpolicy --seeds 3   # a slice
     python benchmarks/regime_mechanism.py summary             # mechanism.json, tables and the plot, from what finished
     python benchmarks/regime_mechanism.py summary --markdown  # the docs tables
+    python benchmarks/regime_mechanism.py check --arm dapo --seed 3   # this code reproduces a stored run's first updates
     python benchmarks/regime_mechanism.py run --smoke --stored /tmp/regime --out /tmp/mech   # seconds (the tests)
 
 Runs are ``regime.py``'s (the recipe through ``ReSPOTrainer``, one torch thread per worker, warm starts shared with
@@ -318,6 +319,44 @@ def summarize(args) -> dict:
     return summary
 
 
+def reproduces(args) -> dict:
+    """Rerun the first ``--updates`` updates of a stored run with this checkout's code and compare every logged number
+    of those updates with the stored history: the runs of 5.5 span sessions and code changes, and pairing them with
+    5.3's runs is only sound while the code still reproduces those runs exactly (one thread: bit for bit)."""
+    import tempfile
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    stored = regime.load_runs(Path(args.stored, "arms"))[run_name(args.arm, N_of(args.smoke) if args.arm != "onpolicy"
+                                                                  else 1, args.seed)]  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = regime.base_spec(args, stored["setting"], args.seed)
+        spec.update(N=stored["N"], name=stored["name"], stage="check", arm=stored["arm"], lr=stored["lr"],
+                    loss_args=stored["loss_args"], evaluate=False, updates=args.updates, runs_dir=tmp, scratch=tmp,
+                    logs_dir=tmp)  # fmt: skip
+        with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=regime._init_worker) as pool:
+            pool.submit(regime.warm_start, "dense", args.seed, [*spec["setting_args"], *spec["extra"]],
+                        spec["warm_path"]).result()  # fmt: skip
+            fresh = pool.submit(regime.run_one, spec).result()
+    old = {h["step"]: h for h in stored["history"] if h["step"] <= args.updates}
+    new = {h["step"]: h for h in fresh["history"]}
+    differ = [f"step {step} {key}: {old[step][key]!r} -> {new[step].get(key)!r}" for step in sorted(old)
+              for key in old[step] if not _same(old[step][key], new.get(step, {}).get(key))]  # fmt: skip
+    compared = sum(len(h) for h in old.values())
+    print(f"{stored['name']}: {compared} logged numbers of updates 1-{args.updates} compared, {len(differ)} differ")
+    for line in differ[:20]:
+        print("  " + line)
+    if differ:
+        raise SystemExit(f"this checkout does not reproduce {stored['name']}: new runs would not pair with the stored ones")
+    return {"run": stored["name"], "compared": compared, "differ": differ}
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Tables and plot
 # ---------------------------------------------------------------------------------------------------------------------
@@ -458,7 +497,7 @@ def plot(summary: dict, path: Path) -> Path:
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("stage", choices=["run", "summary"], help="What to do (see the module docstring).")
+    p.add_argument("stage", choices=["run", "summary", "check"], help="What to do (see the module docstring).")
     p.add_argument("--out", default="docs/benchmarks/regime_mechanism", help="arms/, mechanism.json, mechanism.png.")
     p.add_argument("--stored", default="docs/benchmarks/regime", help="The comparison the new runs pair with (5.3).")
     p.add_argument("--work", default="outputs/regime", help="Warm starts (shared with regime.py), logs, scratch.")
@@ -468,6 +507,9 @@ def parse(argv=None):
     p.add_argument("--workers", type=int, default=2, help="Runs at once (one torch thread each).")
     p.add_argument("--smoke", action="store_true", help="Tiny sizes for the test suite (seconds, numbers meaningless).")
     p.add_argument("--markdown", action="store_true", help="summary: print the docs tables of mechanism.json.")
+    p.add_argument("--arm", default="dapo", help="check: the stored arm to reproduce.")
+    p.add_argument("--seed", type=int, default=3, help="check: its seed.")
+    p.add_argument("--updates", type=int, default=8, help="check: how many of its first updates.")
     args = p.parse_args(argv)
     if args.workers < 1:
         p.error("--workers must be >= 1")
@@ -479,6 +521,8 @@ def parse(argv=None):
 
 def main(argv=None) -> dict:
     args = parse(argv)
+    if args.stage == "check":
+        return reproduces(args)
     if args.stage == "summary" and args.markdown:
         summary = json.loads(Path(args.out, "mechanism.json").read_text())
         print(markdown(summary))
