@@ -373,6 +373,20 @@ def test_paper_data_preparation_strips_the_dapo_instruction_and_drops_long_promp
     assert dropped == 1 and len(kept) == 6 and all("xxx" not in row["prompt"][0]["content"] for row in kept)
 
 
+def test_builtin_task_prompts_take_the_template_and_the_system_turn(recipe):
+    """The built-in task in a pretrained chat model's format (the smollm2 preset); catches the template ignored."""
+    from respo_trl.recipe import RecipeArguments
+
+    plain = recipe.build_datasets(RecipeArguments(train_size=20, heldout_size=5))
+    worded = recipe.build_datasets(RecipeArguments(train_size=20, heldout_size=5, system_prompt="Be brief.",
+                                                   prompt_template="Calculate {problem} as \\boxed{result}."))
+    for (plain_rows, worded_rows) in zip(plain, worded):
+        problem = plain_rows[0]["prompt"][0]["content"]  # the default template is the bare expression
+        assert worded_rows[0]["prompt"] == [{"role": "system", "content": "Be brief."},
+                                            {"role": "user", "content": f"Calculate {problem} as \\boxed{{result}}."}]
+        assert worded_rows["solution"] == plain_rows["solution"]
+
+
 def test_paper_preset_trains_end_to_end_on_the_tiny_model(recipe, tmp_path, tiny_model_dir):
     """The paper path on local files: DAPO-formatted prompts, long prompts dropped, +1/-1 reward plus the soft overlong
     penalty, N = 2 updates per rollout batch of 2 prompts x 4 (each sample once: staleness 0, 1, 0, 1)."""

@@ -106,8 +106,8 @@ def build_datasets(script_args: RecipeArguments):
         task = ArithmeticTask.from_settings(script_args)
         train = task.rows("train", script_args.train_size, seed=script_args.task_seed)
         heldout = task.rows("test", script_args.heldout_size or 500, seed=script_args.task_seed)
-        for rows in (train, heldout):
-            rows["prompt"] = [to_conversation(p, system, template) for p in rows["prompt"]]
+        for rows in (train, heldout):  # the task's one user turn is the problem: the template and system turn apply
+            rows["prompt"] = [to_conversation(p[-1]["content"], system, template) for p in rows["prompt"]]
         train, heldout = Dataset.from_dict(train), Dataset.from_dict(heldout)
     else:
         raw = load_split(
