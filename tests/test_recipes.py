@@ -45,7 +45,20 @@ def run_recipe(recipe, tmp_path, *extra, name="run"):
 
 
 def test_every_preset_is_listed(recipe):
-    assert set(recipe.available_presets()) == {"tiny-cpu", *QWEN3_PRESETS, *PAPER_PRESETS}
+    assert set(recipe.available_presets()) == {"tiny-cpu", *QWEN3_PRESETS, *PAPER_PRESETS, "smollm2-135m-cpu-vllm"}
+
+
+def test_smollm2_preset_is_a_cpu_run_with_vllm_generation_on_the_converted_gguf(recipe):
+    """The pretrained-model preset (docs/vllm.md): the checkpoint respo_trl.integrations.gguf writes, vLLM colocated
+    with its sampler log-probs folded into W, the built-in task in SmolLM2's chat format, one CPU process."""
+    script, training, model = recipe.parse_args(["--preset", "smollm2-135m-cpu-vllm"])
+    assert model.model_name_or_path == "outputs/smollm2-135m-instruct-q4" and script.tiny_model is None
+    assert training.use_cpu and not training.bf16 and script.expected_num_processes == 1
+    assert training.use_vllm and training.vllm_mode == "colocate" and training.vllm_importance_sampling_correction
+    assert training.loss_type == "respo" and training.steps_per_generation == 2 * training.gradient_accumulation_steps
+    assert script.dataset_name == "builtin:arithmetic" and "{problem}" in script.prompt_template
+    assert "\\boxed{" in script.prompt_template and script.warmstart_steps == 0 and script.eval_mode == "greedy"
+    assert "dequantised" in training.output_dir  # its card says what the weights are
 
 
 @pytest.mark.parametrize("preset", QWEN3_PRESETS)
