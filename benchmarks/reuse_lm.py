@@ -97,9 +97,10 @@ SMOKE_ARGS = [
 
 
 def load_recipe():
-    from recipes import qwen3_respo
+    """The recipe (``recipes/qwen3_respo.py`` runs ``respo_trl.recipe``): ``parse_args``, ``main`` and its pieces."""
+    import respo_trl.recipe
 
-    return qwen3_respo
+    return respo_trl.recipe
 
 
 def _init_worker():

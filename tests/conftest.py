@@ -5,9 +5,8 @@ TRL is imported once per test session (it costs seconds); the helpers below buil
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,16 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def load_script():
-    """Import a repository script (``recipes/...py``, ``benchmarks/...py``) by path, once per session."""
+    """A benchmark's module: ``benchmarks/x.py`` is ``benchmarks.x`` (the repository root is on pytest's pythonpath,
+    pyproject.toml). The recipes' code is the package's: ``respo_trl.recipe``, ``respo_trl.eval_math``."""
 
     def load(relative: str):
-        name = Path(relative).stem
-        if name not in sys.modules:
-            spec = importlib.util.spec_from_file_location(name, ROOT / relative)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module  # dataclasses resolve their module through sys.modules while it executes
-            spec.loader.exec_module(module)
-        return sys.modules[name]
+        return importlib.import_module(relative.removesuffix(".py").replace("/", "."))
 
     return load
 

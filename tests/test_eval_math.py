@@ -30,8 +30,10 @@ MINERVA = ROOT / "tests" / "data" / "minervamath_sample.jsonl"  # hand-made rows
 
 
 @pytest.fixture(scope="module")
-def eval_math(load_script):
-    return load_script("recipes/eval_math.py")
+def eval_math():
+    import respo_trl.eval_math
+
+    return respo_trl.eval_math
 
 
 # -- metric math ------------------------------------------------------------------------------------------------------------

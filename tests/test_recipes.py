@@ -32,8 +32,11 @@ SMALL = [
 
 
 @pytest.fixture(scope="module")
-def recipe(load_script):
-    return load_script("recipes/qwen3_respo.py")
+def recipe():
+    """The recipe as the package runs it (``recipes/qwen3_respo.py`` calls ``respo_trl.recipe.cli``)."""
+    import respo_trl.recipe
+
+    return respo_trl.recipe
 
 
 def run_recipe(recipe, tmp_path, *extra, name="run"):
@@ -82,7 +85,7 @@ def test_qwen3_preset_parses_into_a_valid_config_for_the_gpus_it_names(recipe, p
     assert script.reward_funcs == ["accuracy", "format"] and script.eval_mode == "sampled"
     # The launch it was sized for exists, and TRL's batch arithmetic holds for that many processes.
     assert (ROOT / script.accelerate_config).is_file()
-    batch = recipe.check_batch_arithmetic(training, script.expected_num_processes, sampled_eval=True)
+    batch = recipe.batch_plan(training, script.expected_num_processes, sampled_eval=True)
     assert batch["generation_batch_size"] % training.num_generations == 0
     assert batch["optimizer_steps_per_generation"] == 4
     assert script.expected_num_processes % training.vllm_tensor_parallel_size == 0
@@ -134,13 +137,13 @@ def test_bad_preset_config_and_argument_names_fail_with_the_choices(recipe, tmp_
 
 def test_batch_arithmetic_is_checked_for_the_gpu_count_a_preset_names(recipe):
     _, training, _ = recipe.parse_args(["--preset", "qwen3-4b-epochs4", "--use_cpu", "true"])
-    assert recipe.check_batch_arithmetic(training, 8)["generation_batch_size"] == 256
+    assert recipe.batch_plan(training, 8)["generation_batch_size"] == 256
     training.num_generations = 12  # 2 x 8 x 16 = 256 completions do not split into groups of 12
     with pytest.raises(ValueError, match="not divisible by num_generations 12"):
-        recipe.check_batch_arithmetic(training, 8)
+        recipe.batch_plan(training, 8)
     training.num_generations, training.vllm_tensor_parallel_size = 8, 3
     with pytest.raises(ValueError, match="vllm_tensor_parallel_size 3"):
-        recipe.check_batch_arithmetic(training, 8)
+        recipe.batch_plan(training, 8)
 
 
 def test_old_preset_names_point_to_the_renamed_presets_and_the_papers(recipe):
@@ -180,7 +183,7 @@ def test_paper_preset_is_the_papers_training_setup(recipe, preset):
     )
     assert (training.weight_decay, training.max_grad_norm, training.beta) == (0.1, 1.0, 0.0)
     # batch: 32 prompts x 8 responses per update, N = 8 updates per rollout batch, each sample once, 1,024 updates
-    assert (script.prompts_per_update, script.updates_per_rollout, training.num_generations) == (32, 8, 8)
+    assert (script.prompts_per_update, training.respo_updates_per_rollout, training.num_generations) == (32, 8, 8)
     assert (training.num_iterations, training.respo_reuse, training.max_steps) == (1, 1, 1024)
     assert training.scale_rewards == "group" and not training.mask_truncated_completions
     # rollouts: vLLM, temperature 1, top-p 1, response cap; no sampler correction (the paper applies none)
@@ -204,17 +207,17 @@ def test_paper_preset_is_the_papers_training_setup(recipe, preset):
 
 
 @pytest.mark.parametrize("preset", PAPER_PRESETS)
-def test_paper_yaml_states_the_trl_fields_it_derives_for_8_gpus(recipe, preset):
-    """The YAML's own gradient_accumulation_steps / steps_per_generation are what the contract gives on the GPU count
-    it names, so the file read on its own tells the truth (8 processes x 2 x 16 = 256; N = 8 -> 128)."""
+def test_paper_yaml_states_the_staleness_once(recipe, preset):
+    """N is stated once, under the trainer's name (respo_updates_per_rollout); the TRL fields it and M imply are derived
+    for the launch (8 processes x 2 x 16 = 256; N = 8 -> 128), never stated beside them (0.3 stated N three times)."""
     import yaml
 
     config = yaml.safe_load((ROOT / "recipes" / "configs" / f"{preset}.yaml").read_text())
+    assert config["respo_updates_per_rollout"] == 8 and config["prompts_per_update"] == 32
+    assert not {"updates_per_rollout", "steps_per_generation", "gradient_accumulation_steps",
+                "generation_batch_size"} & set(config)  # fmt: skip
     _, training, _ = paper_args(recipe, preset, processes=config["expected_num_processes"])
-    assert training.gradient_accumulation_steps == config["gradient_accumulation_steps"]
-    assert training.steps_per_generation == config["steps_per_generation"]
-    assert config["steps_per_generation"] == config["updates_per_rollout"] * config["gradient_accumulation_steps"]
-    assert "generation_batch_size" not in config
+    assert (training.gradient_accumulation_steps, training.steps_per_generation) == (16, 128)
 
 
 @pytest.mark.parametrize("processes", [1, 8, 16])
@@ -222,11 +225,11 @@ def test_paper_yaml_states_the_trl_fields_it_derives_for_8_gpus(recipe, preset):
 @pytest.mark.parametrize("preset", PAPER_PRESETS)
 def test_paper_batch_arithmetic_for_each_n_on_1_8_and_16_processes(recipe, preset, n, processes):
     """Rollout batch N x 32 prompts x 8, N updates of 32 x 8 per rollout batch, each sample once, 1,024 updates."""
-    extra = ["--updates_per_rollout", str(n)]
+    extra = ["--respo_updates_per_rollout", str(n)]
     if processes % PAPER_MODELS[preset][3]:
         extra += ["--vllm_tensor_parallel_size", "1"]  # TP 4 cannot split 1 process (checked below)
     _, training, _ = paper_args(recipe, preset, *extra, processes=processes)
-    batch = recipe.check_batch_arithmetic(training, processes)
+    batch = recipe.batch_plan(training, processes)
     assert batch["prompts_per_generation"] == 32 * n and batch["generation_batch_size"] == 256 * n
     assert batch["updates_per_rollout"] == batch["optimizer_steps_per_generation"] == n
     assert batch["completions_per_update"] == 256 and batch["prompts_per_update"] == 32
@@ -239,9 +242,10 @@ def test_paper_batch_arithmetic_for_each_n_on_1_8_and_16_processes(recipe, prese
 
 def test_dry_run_prints_the_plan_for_the_process_count_it_names(recipe):
     args = recipe.parse_args(
-        ["--preset", "paper-qwen3-30b-a3b-base", "--updates_per_rollout", "32", "--use_cpu", "true", "--dry_run", "16"]
+        ["--preset", "paper-qwen3-30b-a3b-base", "--respo_updates_per_rollout", "32", "--use_cpu", "true",
+         "--dry_run", "16"]
     )
-    plan = dict(line.rsplit("  ", 1) for line in recipe.batch_plan(*args).splitlines())
+    plan = dict(line.rsplit("  ", 1) for line in recipe.plan_table(*args).splitlines())
     plan = {key.strip(): value.strip() for key, value in plan.items()}
     assert plan["processes"] == "16" and plan["gradient_accumulation_steps"] == "8"  # 2 x 16 x 8 = 256
     assert plan["steps_per_generation"] == "256" and plan["prompts per rollout batch"] == "1024"
@@ -260,7 +264,7 @@ def test_a_bare_dry_run_plans_for_the_launch(recipe, monkeypatch, capsys):
     script, training, model = recipe.parse_args(argv + ["--seed", "3"])
     assert script.dry_run == 16 and training.seed == 3  # the bare flag does not swallow the next one
     plan = dict(line.split(None, 1) if line.startswith("processes") else ("", "") for line in
-                recipe.batch_plan(script, training, model).splitlines())  # fmt: skip
+                recipe.plan_table(script, training, model).splitlines())  # fmt: skip
     assert plan["processes"] == "16" and training.gradient_accumulation_steps == 8  # 2 per device x 16 x 8 = 256
     with pytest.raises(SystemExit) as exit_info:
         recipe.cli(["--help"])
@@ -284,9 +288,11 @@ def test_paper_preset_on_fewer_gpus_than_vllm_tensor_parallelism_names_the_field
          r"gradient_accumulation_steps 4 x per_device_train_batch_size 2 x 8 processes = 64 completions per optimizer "
          r"update, but the paper's mini-batch is 256 .*pass --gradient_accumulation_steps 16"),
         (["--steps_per_generation", "64"], 8,
-         r"--steps_per_generation 64 with gradient_accumulation_steps 16 is not updates_per_rollout 8 .* must be 128"),
+         r"respo_updates_per_rollout=8 means steps_per_generation = 8 x gradient_accumulation_steps \(16\) = 128, "
+         r"but steps_per_generation=64 was also set"),
         (["--num_iterations", "4"], 8, r"num_iterations \(respo_reuse\) must be 1, got 4"),
-        (["--generation_batch_size", "512"], 8, r"'generation_batch_size' and 'steps_per_generation' can not be both"),
+        (["--generation_batch_size", "512"], 8,
+         r"respo_updates_per_rollout=8 and generation_batch_size=512 both size the rollout batch: set only one"),
         (["--algorithm", "gspo", "--loss_type", "dapo"], 8,
          r"--algorithm gspo sets loss_type='grpo' but the command line also sets loss_type='dapo'"),
         (["--prompts_per_update", "3"], 8, r"8 processes = 16 completions per micro-step does not divide the paper's "
@@ -299,18 +305,24 @@ def test_overrides_that_break_the_papers_arithmetic_fail_at_parse_time(recipe, e
         paper_args(recipe, "paper-qwen3-1.7b-base", *extra, processes=processes)
 
 
-def test_respo_config_updates_per_rollout_is_the_same_switch(recipe):
+def test_the_staleness_has_one_name_from_preset_to_trainer(recipe, capsys):
+    """0.3's recipe flag --updates_per_rollout was a second name of ReSPOConfig's respo_updates_per_rollout: it is
+    refused in one line naming the field; the field sets TRL's steps_per_generation once, in ReSPOConfig."""
     script, training, _ = paper_args(recipe, "paper-qwen3-1.7b-base", "--respo_updates_per_rollout", "32")
-    assert script.updates_per_rollout == 32 and training.steps_per_generation == 32 * 16
-    assert training.output_dir.endswith("-respo-n32-seed0")
-    with pytest.raises(ValueError, match="are the same setting"):
-        paper_args(recipe, "paper-qwen3-1.7b-base", "--respo_updates_per_rollout", "32", "--updates_per_rollout", "16")
+    assert training.respo_updates_per_rollout == 32 and training.steps_per_generation == 32 * 16
+    assert training.output_dir.endswith("-respo-n32-seed0") and not hasattr(script, "updates_per_rollout")
+    with pytest.raises(SystemExit) as exit_info:
+        recipe.cli(["--preset", "paper-qwen3-1.7b-base", "--updates_per_rollout", "16", "--dry_run", "8"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == ("error: --updates_per_rollout was renamed --respo_updates_per_rollout "
+                                                "(ReSPOConfig's field, the one name of the paper's staleness N from "
+                                                "preset to trainer)")  # fmt: skip
 
 
 def test_consistent_explicit_overrides_are_accepted(recipe):
     _, training, _ = paper_args(
         recipe, "paper-qwen3-1.7b-base", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "8",
-        "--updates_per_rollout", "16", "--steps_per_generation", "128", processes=8,
+        "--respo_updates_per_rollout", "16", "--steps_per_generation", "128", processes=8,
     )  # fmt: skip
     assert (training.gradient_accumulation_steps, training.steps_per_generation) == (8, 128)
     _, training, _ = paper_args(recipe, "paper-qwen3-1.7b-base", "--per_device_train_batch_size", "4", processes=8)
@@ -411,7 +423,7 @@ def test_paper_preset_trains_end_to_end_on_the_tiny_model(recipe, tmp_path, tiny
         ["--preset", "paper-qwen3-1.7b-base", "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data),
          "--use_vllm", "false", "--use_cpu", "true", "--bf16", "false", "--activation_checkpointing", "false",
          "--prompts_per_update", "2", "--num_generations", "4", "--per_device_train_batch_size", "4",
-         "--updates_per_rollout", "2", "--max_steps", "4", "--max_completion_length", "8",
+         "--respo_updates_per_rollout", "2", "--max_steps", "4", "--max_completion_length", "8",
          "--max_prompt_length", "300", "--reward_funcs", "dapo_accuracy", "soft_overlong",
          "--reward_weights", "1.0", "1.0", "--soft_overlong_cache", "4", "--save_strategy", "no",
          "--output_dir", str(tmp_path / "paper")]

@@ -136,14 +136,12 @@ def test_missing_training_data_stops_before_launch(tmp_path):
 
 
 def test_prepare_dapo_math_writes_verls_schema(tmp_path):
-    prepare = RECIPES / "prepare_dapo_math.py"
-    sys.path.insert(0, str(RECIPES))
-    try:
-        import prepare_dapo_math as prep
-    finally:
-        sys.path.remove(str(RECIPES))
+    from respo_trl.recipe.data import DAPO_PREFIX, DAPO_SUFFIX  # the TRL recipe strips the same wrapper
+
+    prepare = RECIPES / "prepare_dapo_math.py"  # run as users run it (it runs in the verl environment: no TRL import)
+    instruction = " Please reason step by step, and put your final answer within \\boxed{}."  # the paper's prompt
     rows = [
-        {"prompt": prep.DAPO_PREFIX + "What is 2+3?" + prep.DAPO_SUFFIX, "solution": "5"},  # original DAPO wrapper
+        {"prompt": DAPO_PREFIX + "What is 2+3?" + DAPO_SUFFIX, "solution": "5"},  # original DAPO wrapper
         {"prompt": "Find x if 2x = 8.", "solution": "", "reward_model": {"ground_truth": "4"}},  # answer fallback
         {"prompt": [{"role": "user", "content": "Compute 7*6."}], "solution": "42"},  # chat-formatted prompt
         {"prompt": "No answer here.", "solution": ""},  # skipped
@@ -161,7 +159,7 @@ def test_prepare_dapo_math_writes_verls_schema(tmp_path):
     assert set(data.column_names) == {"data_source", "prompt", "ability", "reward_model", "extra_info"}
     first = data[0]
     assert first["data_source"] == "math_dapo"  # verl's default_compute_score routes this to math_dapo
-    assert first["prompt"] == [{"role": "user", "content": "What is 2+3?" + prep.INSTRUCTION}]
+    assert first["prompt"] == [{"role": "user", "content": "What is 2+3?" + instruction}]
     assert first["reward_model"] == {"style": "rule", "ground_truth": "5"}
     assert [r["reward_model"]["ground_truth"] for r in data] == ["5", "4", "42"]
     assert [r["extra_info"]["index"] for r in data] == [0, 1, 2]

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from ..batching import updates_per_rollout
 from ..kernels import CONSTANT_KEYS, RESPO_DEFAULTS
 
 TEMPLATE = "hub/templates/model_card.md"  # package data of respo_trl
@@ -291,12 +292,6 @@ def config_fields(config) -> dict:
         "world_size": config.world_size,
         "respo_trust_mask_active": getattr(config, "respo_trust_mask_active", False),
     }
-
-
-def updates_per_rollout(args: dict):
-    """The paper's N: optimizer updates per pass over one rollout batch (a fraction when several batches make one)."""
-    steps, accumulation = args.get("steps_per_generation") or 1, args.get("gradient_accumulation_steps") or 1
-    return steps // accumulation if steps % accumulation == 0 else round(steps / accumulation, 3)
 
 
 def hyperparameters(args: dict) -> list[tuple[str, str]]:

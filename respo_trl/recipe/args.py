@@ -13,11 +13,12 @@ from __future__ import annotations
 import difflib
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from trl import ModelConfig, TrlParser
 
+from ..batching import batch_plan
 from ..config import ReSPOConfig
 from ..rewards import ACCURACY_REWARDS, resolve_reward
 
@@ -28,9 +29,14 @@ class RecipeError(ValueError):
 
 
 DEFAULT_PRESET = "tiny-cpu"
+# The presets ship with the repository, next to the script users launch (recipes/configs/); a checkout or an editable
+# install finds them here, and --config <path.yaml> works anywhere.
+PRESETS_DIR = Path(__file__).resolve().parents[2] / "recipes" / "configs"
 # Presets renamed by a release: the old name is refused with the new one.
 RENAMED_PRESETS = {f"qwen3-{size}": f"qwen3-{size}-epochs4" for size in ("0.6b", "1.7b", "4b", "8b", "14b", "30b-a3b")}
 RENAMED_PRESETS["tiny_cpu"] = "tiny-cpu"  # 0.3: every preset name uses dashes
+# Options renamed by a release: refused with the new name. 0.4: the staleness N has one name from preset to trainer.
+RENAMED_FLAGS = {"updates_per_rollout": "respo_updates_per_rollout"}
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_TASKS = ("arithmetic",)
 EVAL_MODES = ("greedy", "sampled", "none")
@@ -206,14 +212,6 @@ class RecipeArguments:
             "command line, and what does not divide fails before any model loads."
         },
     )
-    updates_per_rollout: int | None = field(
-        default=None,
-        metadata={
-            "help": "The paper's staleness N (8, 16 or 32): optimizer updates fed by one rollout batch of N x M "
-            "prompts, each sample used once (num_iterations = 1); mini-batch k is k updates stale. Sets TRL's "
-            "steps_per_generation = N x gradient_accumulation_steps."
-        },
-    )
     algorithm: str | None = field(
         default=None,
         metadata={
@@ -281,7 +279,7 @@ class RecipeArguments:
     )
 
 
-def available_presets(configs_dir: Path) -> list[str]:
+def available_presets(configs_dir: Path = PRESETS_DIR) -> list[str]:
     return sorted(p.stem for p in Path(configs_dir).glob("*.yaml"))
 
 
@@ -356,20 +354,22 @@ def resolve_dry_run(script_args: RecipeArguments) -> RecipeArguments:
 @dataclass
 class UncheckedConfig(ReSPOConfig):
     """``ReSPOConfig``'s fields exactly as the preset and the command line give them, with no validation and no
-    derived values: the first parsing pass reads the paper's contract from it (TRL's checks run on the second pass,
-    on the fields the contract derives, not on a preset's values sized for another process count)."""
+    derived values: the recipe derives the launch's fields from them (:func:`recipe_fields`) and builds the one
+    ``ReSPOConfig`` from the result, so TRL's checks run once, on the fields the run will use, not on a preset's values
+    sized for another process count."""
 
     def __post_init__(self):
         pass
 
 
-def parse_args(argv: list[str] | None, configs_dir: Path, num_processes: int | None = None):
-    """(script_args, training_args, model_args) from a preset/config plus overrides; unknown keys are errors.
+def parse_args(argv: list[str] | None = None, num_processes: int | None = None, configs_dir: Path = PRESETS_DIR):
+    """(script_args, training_args, model_args) from a preset/config plus overrides, parsed once; unknown keys are
+    errors.
 
-    Presets with the paper's batch contract (``prompts_per_update``, ``updates_per_rollout``) or an ``--algorithm``
-    are parsed twice: the first pass reads them, :func:`derived_overrides` turns them into TRL fields for
-    ``num_processes`` processes (default: the launch's), and the second pass builds the configs with those fields, so
-    every value goes through ``ReSPOConfig``'s own validation. ``num_processes`` lets tests size a preset for 8 GPUs.
+    The command line is parsed once (``TrlParser``) into the recipe's arguments, ``ReSPOConfig``'s raw fields and
+    ``ModelConfig``; :func:`recipe_fields` derives what ``--algorithm`` and the paper's batch contract imply for
+    ``num_processes`` processes (default: ``--dry_run``'s count, else the launch's); ``ReSPOConfig`` is built from the
+    result, so every value goes through its own validation. ``num_processes`` lets tests size a preset for 8 GPUs.
     """
     argv = resolve_argv(sys.argv[1:] if argv is None else argv, configs_dir)
     check_flags(argv)
@@ -377,19 +377,19 @@ def parse_args(argv: list[str] | None, configs_dir: Path, num_processes: int | N
         if flag.split("=", 1)[0] == "--model_name_or_path":
             value = flag.split("=", 1)[1] if "=" in flag else (argv[i + 1] if i + 1 < len(argv) else "")
             check_model_path(value)
-    script_args, raw, _ = make_parser(UncheckedConfig).parse_args_and_config(argv)
-    planned = num_processes or resolve_dry_run(script_args).dry_run or launch_processes()
-    extra = derived_overrides(script_args, raw, explicit_flags(argv), planned)
-    script_args, training_args, model_args = make_parser().parse_args_and_config([*argv, *extra])
-    resolve_dry_run(script_args)
+    script_args, raw, model_args = make_parser(UncheckedConfig).parse_args_and_config(argv)
+    processes = num_processes or resolve_dry_run(script_args).dry_run or launch_processes()
+    values = {f.name: getattr(raw, f.name) for f in fields(ReSPOConfig) if f.init}
+    values.update(recipe_fields(script_args, raw, explicit_flags(argv), processes))
+    training_args = ReSPOConfig(**values)
     validate_args(script_args, training_args, model_args, num_processes=num_processes or script_args.dry_run or None)
     return script_args, training_args, model_args
 
 
-def batch_plan(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: ModelConfig) -> str:
-    """What ``--dry_run P`` prints: the run's batch arithmetic on P processes, in TRL's terms and in the paper's."""
+def plan_table(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: ModelConfig) -> str:
+    """What ``--dry_run P`` prints: the run's batch plan on P processes, in TRL's terms and in the paper's."""
     processes = script_args.dry_run or training_args.world_size
-    batch = check_batch_arithmetic(training_args, processes)
+    batch = batch_plan(training_args, processes)
     rows = [
         ("model", model_args.model_name_or_path or f"tiny {script_args.tiny_model}"),
         ("algorithm (loss_type)", f"{script_args.algorithm or training_args.loss_type} ({training_args.loss_type})"),
@@ -413,8 +413,6 @@ def batch_plan(script_args: RecipeArguments, training_args: ReSPOConfig, model_a
 
 def known_flags() -> list[str]:
     """Every option the recipe accepts (the three dataclasses' fields, plus TrlParser's ``--config`` and ``--help``)."""
-    from dataclasses import fields
-
     names = {f.name for cls in (RecipeArguments, ReSPOConfig, ModelConfig) for f in fields(cls)}
     return sorted(names | {"config", "help"})
 
@@ -423,7 +421,12 @@ def check_flags(argv: list[str]) -> None:
     """Unknown ``--flags`` fail here, all at once, each with the closest known option (TrlParser would only list
     them after building every dataclass, in a traceback)."""
     known = set(known_flags())
-    unknown = [a[2:].split("=", 1)[0] for a in argv if a.startswith("--") and a[2:].split("=", 1)[0] not in known]
+    given = [a[2:].split("=", 1)[0] for a in argv if a.startswith("--")]
+    for name in given:
+        if name in RENAMED_FLAGS:
+            raise RecipeError(f"--{name} was renamed --{RENAMED_FLAGS[name]} (ReSPOConfig's field, the one name of the "
+                              "paper's staleness N from preset to trainer)")
+    unknown = [name for name in given if name not in known]
     if unknown:
         hints = []
         for name in unknown:
@@ -437,63 +440,60 @@ def explicit_flags(argv: list[str]) -> set[str]:
     return {a[2:].split("=", 1)[0] for a in argv if a.startswith("--")}
 
 
-def derived_overrides(script_args, training_args, explicit: set[str], num_processes: int) -> list[str]:
-    """The TRL fields implied by ``--algorithm`` and by the paper's batch contract, as extra command-line arguments.
+def recipe_fields(script_args, raw, explicit: set[str], num_processes: int) -> dict:
+    """The ``ReSPOConfig`` fields implied by ``--algorithm``, by the paper's batch contract and by an ``output_dir``
+    template, for ``num_processes`` processes (``raw``: the fields as given, see :class:`UncheckedConfig`).
 
     The contract: a mini-batch of ``M = prompts_per_update`` prompts x ``G = num_generations`` completions per
     optimizer update (``per_device_train_batch_size x processes x gradient_accumulation_steps = M x G``) and
-    ``N = updates_per_rollout`` updates per rollout batch (``steps_per_generation = N x gradient_accumulation_steps``,
-    ``num_iterations = 1``). ``gradient_accumulation_steps`` is derived for ``num_processes`` unless given on the command
-    line; an explicit value (or batch size) that breaks the contract is a ``ValueError`` naming the fields and the fix.
-    An ``output_dir`` holding ``{algorithm}``, ``{n}`` or ``{seed}`` is filled in.
+    ``N = respo_updates_per_rollout`` updates per rollout batch, each sample used once (``num_iterations = 1``;
+    ``ReSPOConfig`` sets ``steps_per_generation = N x gradient_accumulation_steps``). ``gradient_accumulation_steps`` is
+    derived for ``num_processes`` unless given on the command line; an explicit value (or batch size) that breaks the
+    contract is a ``ValueError`` naming the fields and the fix. An ``output_dir`` holding ``{algorithm}``, ``{n}`` or
+    ``{seed}`` is filled in.
     """
-    extra: list[str] = []
     values = {}
     if script_args.algorithm is not None:
         if script_args.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {sorted(ALGORITHMS)}, got {script_args.algorithm!r}")
         for key, value in ALGORITHMS[script_args.algorithm].items():
-            current = getattr(training_args, key)
+            current = getattr(raw, key)
             if key in explicit and current != value:
                 raise ValueError(
                     f"--algorithm {script_args.algorithm} sets {key}={value!r} but the command line also sets "
                     f"{key}={current!r}: drop --{key} (or --algorithm, and set the TRL fields yourself)"
                 )
             values[key] = value
-    contract = script_args.prompts_per_update is not None or script_args.updates_per_rollout is not None
-    if contract:
-        values.update(paper_batch_fields(script_args, training_args, explicit, num_processes))
-        n = values.pop("updates_per_rollout", None)  # a recipe argument, not a config field
-        if n is not None and n != script_args.updates_per_rollout:
-            extra += ["--updates_per_rollout", str(n)]
-    if "{" in (training_args.output_dir or ""):
-        accumulation = values.get("gradient_accumulation_steps", training_args.gradient_accumulation_steps)
-        n = values.get("steps_per_generation", training_args.steps_per_generation or accumulation) // accumulation
-        algorithm = script_args.algorithm or values.get("loss_type", training_args.loss_type)
+    if script_args.prompts_per_update is not None:  # the paper's presets
+        values.update(paper_fields(script_args, raw, explicit, num_processes))
+    if "{" in (raw.output_dir or ""):
+        accumulation = values.get("gradient_accumulation_steps", raw.gradient_accumulation_steps)
+        n = values.get("respo_updates_per_rollout", raw.respo_updates_per_rollout)
+        if n is None:
+            n = (raw.steps_per_generation or accumulation) // accumulation
+        algorithm = script_args.algorithm or values.get("loss_type", raw.loss_type)
         try:
-            values["output_dir"] = training_args.output_dir.format(algorithm=algorithm, n=n, seed=training_args.seed)
+            values["output_dir"] = raw.output_dir.format(algorithm=algorithm, n=n, seed=raw.seed)
         except (KeyError, IndexError, ValueError) as error:
             raise ValueError(
-                f"output_dir {training_args.output_dir!r}: only {{algorithm}}, {{n}} and {{seed}} can be filled in ({error})"
+                f"output_dir {raw.output_dir!r}: only {{algorithm}}, {{n}} and {{seed}} can be filled in ({error})"
             ) from None
-    for key, value in values.items():
-        if getattr(training_args, key) != value:
-            extra += [f"--{key}", str(value)]
-    return extra
+    return values
 
 
-def paper_batch_fields(script_args, training_args, explicit: set[str], num_processes: int) -> dict:
-    """``gradient_accumulation_steps`` and ``steps_per_generation`` that hold the paper's batch contract on
-    ``num_processes`` processes (see :func:`derived_overrides`), or a ValueError that names what to change."""
-    epochs = max(training_args.num_iterations, training_args.respo_reuse)  # aliases (ReSPOConfig reconciles them)
+def paper_fields(script_args, raw, explicit: set[str], num_processes: int) -> dict:
+    """``gradient_accumulation_steps``, ``respo_updates_per_rollout`` and ``steps_per_generation`` that hold the paper's
+    batch contract on ``num_processes`` processes (see :func:`recipe_fields`), or a ValueError that names what to
+    change."""
+    epochs = max(raw.num_iterations, raw.respo_reuse)  # aliases (ReSPOConfig reconciles them)
     if epochs != 1:
         raise ValueError(
             f"the paper's staleness N uses each sample once, so num_iterations (respo_reuse) must be 1, got "
             f"{epochs}: drop --num_iterations/--respo_reuse (epochs are the *-epochs4 presets)"
         )
-    P, b, G = num_processes, training_args.per_device_train_batch_size, training_args.num_generations
-    g = training_args.gradient_accumulation_steps
-    fields = {}
+    P, b, G = num_processes, raw.per_device_train_batch_size, raw.num_generations
+    g = raw.gradient_accumulation_steps
+    derived = {}
     M = script_args.prompts_per_update
     if M is not None:
         if M < 1:
@@ -516,35 +516,19 @@ def paper_batch_fields(script_args, training_args, explicit: set[str], num_proce
                 f"completions per optimizer update, but the paper's mini-batch is {C} (prompts_per_update {M} x "
                 f"num_generations {G}): pass --gradient_accumulation_steps {needed}, or leave it out (it is derived)"
             )
-        g = fields["gradient_accumulation_steps"] = needed
-    N = script_args.updates_per_rollout
-    alias = getattr(training_args, "respo_updates_per_rollout", None)  # ReSPOConfig's own N, the same switch
-    if alias is not None:
-        if "updates_per_rollout" in explicit and N != alias:
+        derived["gradient_accumulation_steps"] = needed
+    N = raw.respo_updates_per_rollout
+    if N is None:  # a contract preset that states TRL's steps_per_generation instead: N is read from it once
+        s = raw.steps_per_generation or g
+        if s % g:
             raise ValueError(
-                f"--updates_per_rollout {N} and --respo_updates_per_rollout {alias} are the same setting (the paper's "
-                "N): pass one of them"
+                f"steps_per_generation {s} is not a multiple of gradient_accumulation_steps {g}; set the staleness "
+                "with --respo_updates_per_rollout N instead"
             )
-        N = fields["updates_per_rollout"] = alias
-    given_steps = training_args.steps_per_generation  # None: TRL's default, gradient_accumulation_steps
-    if N is None:
-        s = given_steps or training_args.gradient_accumulation_steps
-        if s % training_args.gradient_accumulation_steps:
-            raise ValueError(
-                f"steps_per_generation {s} is not a multiple of gradient_accumulation_steps "
-                f"{training_args.gradient_accumulation_steps}; set the staleness with --updates_per_rollout N instead"
-            )
-        N = s // training_args.gradient_accumulation_steps
-    elif N < 1:
-        raise ValueError(f"updates_per_rollout (the paper's N) must be >= 1, got {N}")
-    if "steps_per_generation" in explicit and given_steps != N * g:
-        raise ValueError(
-            f"--steps_per_generation {given_steps} with gradient_accumulation_steps {g} is not "
-            f"updates_per_rollout {N} updates per rollout batch (steps_per_generation must be {N * g}): set the "
-            "staleness with --updates_per_rollout only"
-        )
-    fields["steps_per_generation"] = N * g
-    return fields
+        derived["respo_updates_per_rollout"] = s // g
+    if "steps_per_generation" not in explicit:
+        derived["steps_per_generation"] = None  # ReSPOConfig derives it from N and the accumulation above
+    return derived
 
 
 def validate_args(
@@ -592,10 +576,10 @@ def validate_args(
         )
     if script_args.heldout_eval_steps and script_args.eval_mode != "greedy":
         raise ValueError("heldout_eval_steps needs eval_mode='greedy'; with 'sampled' use --eval_strategy steps")
-    paper = script_args.prompts_per_update is not None or script_args.updates_per_rollout is not None
+    paper = script_args.prompts_per_update is not None
     if num_processes is None:
         num_processes = training_args.world_size if paper else script_args.expected_num_processes or training_args.world_size
-    batch = check_batch_arithmetic(training_args, num_processes, sampled_eval=script_args.eval_mode == "sampled")
+    batch = batch_plan(training_args, num_processes, sampled_eval=script_args.eval_mode == "sampled")
     if paper:
         check_paper_contract(script_args, batch)
 
@@ -656,7 +640,8 @@ def check_output_dir(path: str) -> None:
 
 
 def check_paper_contract(script_args: RecipeArguments, batch: dict) -> None:
-    """The final configuration against the paper's contract (after :func:`derived_overrides`)."""
+    """The final configuration's batch plan against the paper's contract (``N`` holds by construction:
+    ``ReSPOConfig`` derives ``steps_per_generation`` from it)."""
     problems = []
     if batch["reuse_epochs"] != 1:
         problems.append(f"num_iterations is {batch['reuse_epochs']}, the paper uses each sample once (1)")
@@ -665,72 +650,8 @@ def check_paper_contract(script_args: RecipeArguments, batch: dict) -> None:
             f"{batch['completions_per_update']} completions per update are {batch['prompts_per_update']} prompts, "
             f"not prompts_per_update {script_args.prompts_per_update}"
         )
-    if script_args.updates_per_rollout is not None and batch["updates_per_rollout"] != script_args.updates_per_rollout:
-        problems.append(
-            f"{batch['updates_per_rollout']} updates per rollout batch, not updates_per_rollout "
-            f"{script_args.updates_per_rollout}"
-        )
     if problems:
         raise ValueError("the paper's batch contract does not hold: " + "; ".join(problems))
-
-
-def check_batch_arithmetic(args: ReSPOConfig, num_processes: int, sampled_eval: bool = False) -> dict:
-    """The batch sizes TRL derives for ``num_processes`` processes, or a ValueError naming what does not divide.
-
-    ``GRPOConfig`` checks this for the world size it runs in; presets are checked here for the GPU count they were
-    sized for, so a preset test on one CPU process catches arithmetic that would fail on 8 GPUs. Presets set
-    ``steps_per_generation`` (not ``generation_batch_size``), so the generation batch is
-    ``per_device_train_batch_size x processes x steps_per_generation``.
-    """
-    steps_per_generation = args.steps_per_generation
-    generation_batch = args.per_device_train_batch_size * num_processes * steps_per_generation
-    problems = []
-    if generation_batch % args.num_generations:
-        problems.append(
-            f"generation batch {generation_batch} (= {args.per_device_train_batch_size} per device x {num_processes} "
-            f"processes x {steps_per_generation} steps per generation) is not divisible by num_generations "
-            f"{args.num_generations}"
-        )
-    if steps_per_generation % args.gradient_accumulation_steps:
-        problems.append(
-            f"steps_per_generation {steps_per_generation} is not a multiple of gradient_accumulation_steps "
-            f"{args.gradient_accumulation_steps}: an optimizer step would straddle two generation batches"
-        )
-    num_generations_eval = args.num_generations_eval or args.num_generations
-    if (sampled_eval or (args.do_eval and args.eval_strategy != "no")) and (
-        args.per_device_eval_batch_size * num_processes
-    ) % num_generations_eval:
-        problems.append(
-            f"global eval batch {args.per_device_eval_batch_size * num_processes} (per_device_eval_batch_size x "
-            f"processes) is not divisible by num_generations_eval {num_generations_eval}"
-        )
-    if args.use_vllm and args.vllm_mode == "colocate" and num_processes % args.vllm_tensor_parallel_size:
-        problems.append(
-            f"vllm_tensor_parallel_size {args.vllm_tensor_parallel_size} does not divide {num_processes} processes"
-        )
-    if problems:
-        raise ValueError(f"batch arithmetic for {num_processes} process(es): " + "; ".join(problems))
-    completions_per_update = args.per_device_train_batch_size * num_processes * args.gradient_accumulation_steps
-    updates_per_rollout = steps_per_generation // args.gradient_accumulation_steps  # each sample once (per epoch)
-    optimizer_steps = steps_per_generation // args.gradient_accumulation_steps * args.respo_reuse
-    return {
-        "num_processes": num_processes,
-        "generation_batch_size": generation_batch,
-        "prompts_per_generation": generation_batch // args.num_generations,
-        "steps_per_generation": steps_per_generation,
-        "optimizer_steps_per_generation": optimizer_steps,
-        # the paper's terms: mini-batch M prompts per update, N updates per rollout batch of N x M prompts
-        "completions_per_update": completions_per_update,
-        "prompts_per_update": (
-            completions_per_update // args.num_generations
-            if completions_per_update % args.num_generations == 0
-            else completions_per_update / args.num_generations
-        ),
-        "updates_per_rollout": updates_per_rollout,
-        "reuse_epochs": args.respo_reuse,
-        "total_updates": args.max_steps,
-        "rollout_batches": -(-args.max_steps // optimizer_steps) if args.max_steps > 0 else None,
-    }
 
 
 def build_reward(name: str, script_args: RecipeArguments, training_args: ReSPOConfig):

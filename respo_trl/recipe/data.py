@@ -136,3 +136,37 @@ def build_datasets(script_args: RecipeArguments):
             raw = raw.select(range(min(script_args.heldout_size, len(raw))))
         heldout = as_chat_rows(raw, script_args.eval_prompt_column, script_args.eval_answer_column, script_args)
     return train, heldout
+
+
+def load_datasets(script_args: RecipeArguments, training_args, model_args, tokenizer, logger):
+    """(train, held-out, dropped): :func:`build_datasets`, minus training prompts longer than ``max_prompt_length``
+    tokens (measured with the model's tokenizer, loaded alone when the trainer will load the model)."""
+    from .model import load_tokenizer
+
+    train_dataset, heldout = build_datasets(script_args)
+    dropped = 0
+    if script_args.max_prompt_length:
+        length_tokenizer = tokenizer or load_tokenizer(model_args, training_args)
+        train_dataset, dropped = drop_long_prompts(
+            train_dataset, length_tokenizer, script_args.max_prompt_length, training_args.chat_template_kwargs
+        )
+        if len(train_dataset) == 0:
+            raise RecipeError(f"every training prompt is longer than --max_prompt_length {script_args.max_prompt_length}")
+        logger.info(f"dropped {dropped} training prompts longer than {script_args.max_prompt_length} tokens",
+                    main_process_only=True)  # fmt: skip
+    return train_dataset, heldout, dropped
+
+
+def check_datasets(script_args: RecipeArguments, reward_funcs, accuracy_fn, train_dataset, heldout) -> None:
+    """A held-out set where the run measures one, and every reward on a few training rows (the accuracy reward on
+    held-out rows too) before compute is spent (:func:`respo_trl.rewards.probe_rewards`)."""
+    from ..rewards import probe_rewards
+
+    if script_args.eval_mode != "none" and heldout is None:
+        raise RecipeError("no held-out set: set --eval_dataset_name (e.g. HuggingFaceH4/MATH-500) or --eval_mode none")
+    accuracy = [accuracy_fn] if accuracy_fn else []
+    probe_rewards(reward_funcs, train_dataset.select(range(min(8, len(train_dataset)))).to_dict(), "solution",
+                  accuracy_funcs=accuracy)  # fmt: skip
+    if heldout is not None and accuracy_fn is not None:
+        probe_rewards([accuracy_fn], heldout.select(range(min(8, len(heldout)))).to_dict(), "solution",
+                      accuracy_funcs=accuracy)  # fmt: skip

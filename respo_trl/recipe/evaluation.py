@@ -1,10 +1,9 @@
-"""Held-out accuracy during and after a recipe run, the compact progress bar, and the run's summary table."""
+"""Held-out accuracy during and after a recipe run (:class:`HeldoutEvaluator`, with the best in-training checkpoint),
+the compact progress bar, and the run's summary table."""
 
 from __future__ import annotations
 
-import json
 import os
-import re
 
 # Where keep_best_heldout saves the best in-training weights: a `checkpoint-*` name, so that transformers' push of
 # output_dir leaves it out (its ignore patterns) and the Hub gets exactly one model; not `checkpoint-<digits>`, so
@@ -56,6 +55,74 @@ def eval_curve_from_logs(log_history: list[dict], accuracy_name: str) -> list[di
     return points
 
 
+class HeldoutEvaluator:
+    """Held-out accuracy as a function of the trainer's current weights (``eval_mode``: greedy answers graded by the
+    run's accuracy reward, or ``trainer.evaluate()``'s sampled mean), its in-training points on ``heldout_curve_size``
+    problems every ``heldout_eval_steps`` steps, and, with ``keep_best_heldout``, the best of those points saved and
+    measured again on the whole set at the end."""
+
+    def __init__(self, trainer, script_args, training_args, heldout, accuracy_fn):
+        self.trainer, self.heldout, self.accuracy_fn = trainer, heldout, accuracy_fn
+        self.mode = script_args.eval_mode
+        self.sampled = self.mode == "sampled"
+        self.max_new_tokens = script_args.eval_max_new_tokens or training_args.max_completion_length
+        self.batch_size = script_args.eval_batch_size
+        self.curve_set = heldout
+        if heldout is not None and script_args.heldout_curve_size:
+            self.curve_set = heldout.select(range(min(script_args.heldout_curve_size, len(heldout))))
+        self.every = script_args.heldout_eval_steps if self.mode == "greedy" else 0
+        self.keep_best = script_args.keep_best_heldout
+        self.best_dir = os.path.join(training_args.output_dir, BEST_HELDOUT_DIR)
+        self.best = {"step": None, "accuracy": -1.0}
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+    def measure(self, dataset=None) -> dict:
+        """Accuracy of the current weights on ``dataset`` (default: the whole held-out set)."""
+        from respo_trl.rewards import reward_name
+
+        dataset = self.heldout if dataset is None else dataset
+        if self.sampled:
+            return sampled_accuracy(self.trainer, dataset, reward_name(self.accuracy_fn))
+        return greedy_accuracy(self.trainer, dataset, self.max_new_tokens, self.batch_size, self.accuracy_fn)
+
+    def curve_point(self, step: int) -> dict:
+        """An in-training point on the curve's problems; the weights are saved when it is the best so far."""
+        result = self.measure(self.curve_set)
+        if self.keep_best and step > 0 and result["accuracy"] > self.best["accuracy"]:
+            self.trainer.save_model(self.best_dir)  # every process takes part, as in any save
+            self.best.update(step=step, accuracy=result["accuracy"], n=result["n"])
+        return {"step": step, "generated_tokens": self.trainer.rollouts.generated_tokens,
+                "accuracy": result["accuracy"], "n": result["n"]}  # fmt: skip
+
+    def after_training(self, curve: list[dict]) -> tuple[dict, dict | None]:
+        """(accuracy after RL, the curve point to add or None): sampled mode reuses an ``eval_strategy`` evaluation
+        of the last step when there is one; otherwise the whole set is measured."""
+        from respo_trl.rewards import reward_name
+
+        trainer = self.trainer
+        if self.sampled:
+            logged = eval_curve_from_logs(trainer.state.log_history, reward_name(self.accuracy_fn))
+            curve.extend(point for point in logged if point["step"] > 0)
+        last = curve[-1] if curve else None
+        if self.sampled and last is not None and last["step"] == trainer.state.global_step and last["step"] > 0:
+            return {"accuracy": last["accuracy"], "n": len(self.heldout), "from": "last eval_strategy evaluation"}, None
+        after = self.measure()
+        return after, {"step": trainer.state.global_step, "accuracy": after["accuracy"],
+                       "generated_tokens": trainer.rollouts.generated_tokens, "n": after["n"]}  # fmt: skip
+
+    def best_checkpoint(self, curve: list[dict], final_dir: str) -> dict | None:
+        """The best in-training checkpoint measured on the whole held-out set (None without in-training points)."""
+        if self.best["step"] is None:
+            return None
+        final_point = curve[-1]
+        if final_point.get("n") == self.best.get("n") and final_point["accuracy"] >= self.best["accuracy"]:
+            self.best.update(step=final_point["step"], accuracy=final_point["accuracy"])  # the final one is the best
+        return best_checkpoint_accuracy(self.trainer, self.best, self.best_dir, final_dir, self.measure, self.heldout)
+
+
 def best_checkpoint_accuracy(trainer, best: dict, best_dir: str, final_dir: str, measure, heldout) -> dict:
     """Whole-held-out-set accuracy of the best in-training checkpoint (chosen on the curve's subset), then the final
     weights are put back (a later push sends the final model)."""
@@ -82,39 +149,9 @@ def best_checkpoint_accuracy(trainer, best: dict, best_dir: str, final_dir: str,
     }
 
 
-def add_curve_point(report: dict, point: dict, curve_file: str | None) -> None:
-    """Append a held-out point to the report and, on the main process, to ``curve_file`` (rewritten whole, then
-    renamed into place), so an interrupted run's curve survives for its resume."""
-    report["curve"].append(point)
-    if curve_file is None:
-        return
-    os.makedirs(os.path.dirname(curve_file) or ".", exist_ok=True)
-    payload = {"before": report["heldout"].get("before"), "before_detail": report["heldout"].get("before_detail"),
-               "curve": report["curve"]}  # fmt: skip
-    tmp = f"{curve_file}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, default=str)
-    os.replace(tmp, curve_file)
-
-
-def resumed_curve(curve_file: str, trainer, resume) -> dict:
-    """The held-out points (``curve``) and the starting accuracy (``before``, ``before_detail``) the interrupted run
-    measured, up to the checkpoint this run resumes from; empty if the file is missing (a run of respo_trl < 0.3, or
-    one without held-out points)."""
-    if not os.path.isfile(curve_file):
-        return {}
-    checkpoint = trainer._last_complete_checkpoint() if resume is True else str(resume)
-    match = re.search(r"checkpoint-(\d+)$", os.path.normpath(checkpoint))
-    step = int(match.group(1)) if match else None
-    with open(curve_file) as f:
-        saved = json.load(f)
-    curve = [p for p in saved.get("curve", []) if step is None or p["step"] <= step]
-    return {"curve": curve, "before": saved.get("before"), "before_detail": saved.get("before_detail")}
-
-
-def make_callbacks(report: dict, curve_point=None, every: int = 0, curve_file: str | None = None):
-    """A compact progress bar and, when ``every`` > 0, a held-out accuracy point every ``every`` steps (kept in
-    ``curve_file`` as it is measured)."""
+def make_callbacks(report, heldout: HeldoutEvaluator):
+    """A compact progress bar and, when ``heldout.every`` > 0, a held-out accuracy point every that many steps,
+    recorded in the run's report (:class:`~respo_trl.recipe.report.RunReport`) as it is measured."""
     from tqdm.auto import tqdm
     from transformers import TrainerCallback
 
@@ -139,8 +176,8 @@ def make_callbacks(report: dict, curve_point=None, every: int = 0, curve_file: s
                 postfix["reward"] = f"{logs['reward']:.2f}"
             if "reuse/generated_tokens" in logs:
                 postfix["tokens"] = f"{logs['reuse/generated_tokens'] / 1e3:.0f}k"
-            if report["curve"]:
-                postfix["held-out"] = f"{100 * report['curve'][-1]['accuracy']:.1f}%"
+            if report.curve:
+                postfix["held-out"] = f"{100 * report.curve[-1]['accuracy']:.1f}%"
             self.bar.set_postfix(postfix, refresh=False)
 
         def on_train_end(self, args, state, control, **kwargs):
@@ -151,8 +188,9 @@ def make_callbacks(report: dict, curve_point=None, every: int = 0, curve_file: s
         """Held-out accuracy every ``every`` optimizer steps, against generated tokens (all processes take part)."""
 
         def on_step_end(self, args, state, control, **kwargs):
+            every = heldout.every
             if every and state.global_step % every == 0 and state.global_step < state.max_steps:
-                add_curve_point(report, curve_point(state.global_step), curve_file)
+                report.add_point(heldout.curve_point(state.global_step))
 
     return [CompactProgress(), HeldoutCurve()]
 

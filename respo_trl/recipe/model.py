@@ -107,3 +107,52 @@ def warm_start(model, tokenizer, train_dataset, script_args: RecipeArguments, se
         seed=seed,
         on_step=on_step,
     )
+
+
+def build_model(script_args: RecipeArguments, training_args: ReSPOConfig, model_args: ModelConfig, logger):
+    """(model, tokenizer, name, MoE info). A tiny model is built here (with its tokenizer); a Hub or local model is
+    only inspected (its config, no weights): the trainer loads it, with ``model_init_kwargs`` from ``model_args``."""
+    if script_args.tiny_model:
+        model, tokenizer = build_tiny(script_args, seed=training_args.seed)
+        return model, tokenizer, model.config._name_or_path, configure_moe(model.config, training_args, logger)
+    info = configure_moe(inspect_model(model_args, training_args), training_args, logger)
+    init_kwargs = {"revision": model_args.model_revision, "trust_remote_code": training_args.trust_remote_code,
+                   "attn_implementation": model_args.attn_implementation, "dtype": model_args.dtype}  # fmt: skip
+    training_args.model_init_kwargs = {**init_kwargs, **(training_args.model_init_kwargs or {})}
+    return model_args.model_name_or_path, None, model_args.model_name_or_path, info
+
+
+def run_warm_start(model, tokenizer, train_dataset, script_args: RecipeArguments, training_args: ReSPOConfig,
+                   accuracy_fn, resume, show_progress: bool) -> dict:  # fmt: skip
+    """The warm start of a model built here (skipped when resuming), with a progress bar, and how good the
+    demonstrations it imitated are: ``{"steps", "final_loss", "demonstration_accuracy", "seconds"}``."""
+    import time
+
+    from tqdm.auto import tqdm
+
+    from ..grading import accuracy_scores
+
+    done = {"steps": 0, "final_loss": None, "demonstration_accuracy": None, "seconds": 0.0}
+    if not script_args.warmstart_steps or resume:
+        return done
+    if "completion" not in train_dataset.column_names:
+        raise RecipeError("--warmstart_steps needs a 'completion' column of reference answers in the dataset")
+    if isinstance(model, str):
+        raise RecipeError("--warmstart_steps is for a model built here (--tiny_model); start from an SFT checkpoint")
+    start = time.time()
+    bar = tqdm(total=script_args.warmstart_steps, desc="warm start (SFT)", disable=not show_progress)
+
+    def on_step(step, loss):
+        bar.update(1)
+        if step % 10 == 0:
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+
+    model.to(training_args.device)
+    losses = warm_start(model, tokenizer, train_dataset, script_args, seed=training_args.seed, on_step=on_step)
+    bar.close()
+    done.update(steps=len(losses), final_loss=losses[-1] if losses else None, seconds=time.time() - start)
+    if accuracy_fn is not None:  # how good the demonstrations the warm start imitated are
+        sample = train_dataset.select(range(min(500, len(train_dataset))))
+        correct = accuracy_scores(sample["completion"], sample["solution"], accuracy_fn)
+        done["demonstration_accuracy"] = sum(correct) / len(sample)
+    return done

@@ -1,21 +1,28 @@
-"""What a recipe run leaves in its ``output_dir``: ``report.json`` (every measured number, with the arguments), the
-plots, and the summary table; plus the one-line messages for a launch that does not match its preset."""
+"""What a recipe run leaves in its ``output_dir``, written here and nowhere else: ``report.json`` (every measured
+number, with the arguments), ``heldout_curve.json`` (the held-out points as they are measured, so a resumed run keeps
+its curve), the plots, the model card and the summary table (:class:`RunReport`); plus the one-line messages for a
+launch that does not match its preset."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
+import time
+from contextlib import contextmanager
 from dataclasses import asdict
 
-from .args import check_batch_arithmetic, reward_description
+CURVE_FILE = "heldout_curve.json"  # every held-out point as it is measured: a resumed run keeps the curve
+
+from ..batching import batch_plan
+from .args import reward_description
 
 
 def log_launch(script_args, training_args, world: int, logger) -> None:
     """The paper's batch arithmetic in its own terms, or a warning when a preset runs on another process count."""
-    paper = script_args.prompts_per_update is not None or script_args.updates_per_rollout is not None
-    if paper:
-        batch = check_batch_arithmetic(training_args, world)
+    if script_args.prompts_per_update is not None:  # the paper's presets
+        batch = batch_plan(training_args, world)
         logger.info(
             f"the paper's batch arithmetic on {world} process(es): {batch['prompts_per_update']} prompts x "
             f"{training_args.num_generations} per update (per_device_train_batch_size "
@@ -81,7 +88,7 @@ def training_summary(trainer, train_result, training_args, world: int, sampled: 
         "mean_grad_throughput": throughput,
         "mean_grad_norm_vs_fresh": {k: sum(v) / len(v) for k, v in sorted(step_size.items())},
         "train_runtime_s": train_result.metrics.get("train_runtime"),
-        "batch": check_batch_arithmetic(training_args, world, sampled_eval=sampled),
+        "batch": batch_plan(training_args, world, sampled_eval=sampled),
     }
 
 
@@ -106,3 +113,91 @@ def write_report(report: dict, trainer, script_args, training_args, model_args, 
     with open(os.path.join(out, "report.json"), "w") as f:
         json.dump(report, f, indent=1, default=str)
     trainer.create_model_card(dataset_name=script_args.dataset_name)  # now with report.json's held-out numbers
+
+
+class RunReport:
+    """``report.json`` of one run and the files that go with it: the recipe records what it measures here, and this
+    object writes it (the curve file as points come, everything else at the end, on the main process)."""
+
+    def __init__(self, script_args, training_args, model_args, model_name: str, model_info: dict, trainer, world: int,
+                 resume, is_main: bool):  # fmt: skip
+        self.script_args, self.training_args, self.model_args = script_args, training_args, model_args
+        self.model_name, self.trainer, self.world, self.is_main = model_name, trainer, world, is_main
+        self.data = new_report(script_args, training_args, model_name, model_info, trainer, world, resume)
+        self.curve_file = os.path.join(training_args.output_dir, CURVE_FILE)
+        self.seconds = {"warm_start": 0.0, "train": 0.0, "heldout_eval": 0.0}
+
+    @property
+    def curve(self) -> list[dict]:
+        return self.data["curve"]
+
+    def record_inputs(self, train_dataset, heldout, dropped: int, warm: dict) -> None:
+        """The data the run trained and is measured on, and the warm start."""
+        self.data["data"] = {"train_rows": len(train_dataset), "max_prompt_length": self.script_args.max_prompt_length,
+                             "dropped_long_prompts": dropped}  # fmt: skip
+        self.data["heldout"]["n"] = 0 if heldout is None else len(heldout)
+        self.data["example_prompt"] = (heldout if heldout is not None else train_dataset)[0]["prompt"]  # card's Use it
+        self.data["warm_start"] = {key: warm[key] for key in ("steps", "final_loss", "demonstration_accuracy")}
+        self.seconds["warm_start"] = warm["seconds"]
+
+    def resume_curve(self, resume) -> None:
+        """The held-out points (and starting accuracy) the interrupted run measured, up to the checkpoint this run
+        resumes from; nothing if the file is missing (a run of respo_trl < 0.3, or one without held-out points)."""
+        if not os.path.isfile(self.curve_file):
+            return
+        checkpoint = self.trainer._last_complete_checkpoint() if resume is True else str(resume)
+        match = re.search(r"checkpoint-(\d+)$", os.path.normpath(checkpoint))
+        step = int(match.group(1)) if match else None
+        with open(self.curve_file) as f:
+            saved = json.load(f)
+        self.data["curve"] = [p for p in saved.get("curve", []) if step is None or p["step"] <= step]
+        self.data["heldout"].update(before=saved.get("before"), before_detail=saved.get("before_detail"))
+
+    def add_point(self, point: dict) -> None:
+        """Append a held-out point and, on the main process, rewrite the curve file whole (then renamed into place),
+        so an interrupted run's curve survives for its resume."""
+        self.curve.append(point)
+        if not self.is_main:
+            return
+        os.makedirs(os.path.dirname(self.curve_file) or ".", exist_ok=True)
+        payload = {"before": self.data["heldout"].get("before"), "before_detail": self.data["heldout"].get("before_detail"),
+                   "curve": self.curve}  # fmt: skip
+        tmp = f"{self.curve_file}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(payload, f, default=str)
+        os.replace(tmp, self.curve_file)
+
+    def before(self, result: dict) -> None:
+        self.data["heldout"]["before"], self.data["heldout"]["before_detail"] = result["accuracy"], result
+        self.add_point({"step": 0, "generated_tokens": 0, "accuracy": result["accuracy"], "n": result["n"]})
+
+    def after(self, result: dict, point: dict | None) -> None:
+        if point is not None:
+            self.add_point(point)
+        self.data["heldout"]["after"], self.data["heldout"]["after_detail"] = result["accuracy"], result
+
+    def best(self, result: dict | None) -> None:
+        if result is not None:
+            self.data["heldout"]["best"] = result
+
+    @contextmanager
+    def timed(self, phase: str):
+        """Add the wall time of the block to ``time_s[phase]``."""
+        start = time.time()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.time() - start
+
+    def finish(self, train_result, sampled: bool, started: float) -> dict:
+        """The training summary and times; then, on the main process, plots, ``report.json``, the model card and the
+        summary table."""
+        from .evaluation import print_summary
+
+        self.data["training"] = training_summary(self.trainer, train_result, self.training_args, self.world, sampled)
+        self.data["time_s"] = {**self.seconds, "total": time.time() - started}
+        if self.is_main:
+            write_report(self.data, self.trainer, self.script_args, self.training_args, self.model_args,
+                         self.model_name)  # fmt: skip
+            print_summary(self.data)
+        return self.data
