@@ -17,33 +17,33 @@ for key, value in {"OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_
                    "VLLM_LOGGING_LEVEL": "WARNING"}.items():  # fmt: skip
     os.environ.setdefault(key, value)
 
-import pytest  # noqa: E402
+import pytest
 
 vllm = pytest.importorskip("vllm", reason="the vLLM tests run in their own environment: tests/vllm_integration/run.sh")
 
-import cpu_weight_sync  # noqa: E402
+import cpu_weight_sync
 
 cpu_weight_sync.install()
 
-ARGS = dict(
-    use_cpu=True,
-    bf16=False,
-    activation_checkpointing=False,
-    report_to="none",
-    logging_steps=1,
-    save_strategy="no",
-    per_device_train_batch_size=8,
-    num_generations=4,
-    max_completion_length=8,
-    learning_rate=1e-2,
-    max_steps=2,
-    seed=0,
-    dataloader_num_workers=0,
-    disable_tqdm=True,
-    use_vllm=True,
-    vllm_mode="colocate",
-    vllm_max_model_length=128,
-)
+ARGS = {
+    "use_cpu": True,
+    "bf16": False,
+    "activation_checkpointing": False,
+    "report_to": "none",
+    "logging_steps": 1,
+    "save_strategy": "no",
+    "per_device_train_batch_size": 8,
+    "num_generations": 4,
+    "max_completion_length": 8,
+    "learning_rate": 1e-2,
+    "max_steps": 2,
+    "seed": 0,
+    "dataloader_num_workers": 0,
+    "disable_tqdm": True,
+    "use_vllm": True,
+    "vllm_mode": "colocate",
+    "vllm_max_model_length": 128,
+}
 
 
 @pytest.fixture(scope="session")
