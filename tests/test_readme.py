@@ -83,3 +83,28 @@ def test_every_benchmark_and_script_runs_as_documented_from_the_repository_root(
         if result.returncode != 0:
             failed.append(f"{script.name}: {result.stderr.strip().splitlines()[-1:]}")
     assert not failed, failed
+
+
+def test_the_readme_is_a_five_minute_page_whose_names_and_links_are_real():
+    """<= 130 lines with the two commands, the swap-in, the reuse table and the verdict; the table's TRL names are
+    ReSPOConfig fields and its verl keys are what the launchers set; every relative link resolves."""
+    from respo_trl import ReSPOConfig
+
+    text = README.read_text()
+    root = README.parent
+    assert len(text.splitlines()) <= 130
+    sections = re.findall(r"^## (.+)$", text, flags=re.M)
+    assert sections[:2] == ["Set up", "Swap it into an existing TRL script"] and "What the evidence says" in sections
+    assert "Status" not in sections  # the project's status is CHANGELOG.md's
+    for marker in ("<!-- main-job-command -->", "<!-- test-command -->"):
+        assert re.search(re.escape(marker) + r"\n```bash\n.+\n```", text)
+    table = text.split("## The two reuse settings", 1)[1].split("\n## ", 1)[0]
+    trl_names = set(re.findall(r"`(respo_\w+|num_iterations|steps_per_generation)", table))
+    assert {"respo_updates_per_rollout", "num_iterations", "respo_reuse"} <= trl_names
+    assert trl_names <= set(ReSPOConfig.__dataclass_fields__)
+    launcher = (root / "recipes" / "verl" / "common.sh").read_text()
+    assert "actor_rollout_ref.actor.ppo_epochs=1" in launcher and "data.train_batch_size=$TRAIN_BATCH_SIZE" in launcher
+    links = re.findall(r"\]\(((?!https?:)[^)#]+)\)", text)
+    assert links and all((root / link).exists() for link in links), [link for link in links if not (root / link).exists()]
+    evidence = text.split("## What the evidence says", 1)[1]
+    assert "(docs/benchmarks.md)" in evidence and len([p for p in evidence.split("\n\n") if p.strip()]) == 1
