@@ -258,8 +258,8 @@ def test_a_bare_dry_run_plans_for_the_launch(recipe, monkeypatch, capsys):
     count; ``--help`` prints the full usage (0.3 refused it as an unknown option)."""
     import respo_trl.recipe.args as args_module
 
+    assert recipe.parse_args(["--preset", "paper-qwen3-1.7b-base", "--dry_run"])[0].dry_run == 1  # no launcher; no GPU
     argv = ["--preset", "paper-qwen3-1.7b-base", "--use_cpu", "true", "--dry_run"]
-    assert recipe.parse_args(argv)[0].dry_run == 1  # no launcher
     monkeypatch.setattr(args_module, "launch_processes", lambda: 16)
     script, training, model = recipe.parse_args(argv + ["--seed", "3"])
     assert script.dry_run == 16 and training.seed == 3  # the bare flag does not swallow the next one

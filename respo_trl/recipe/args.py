@@ -381,6 +381,11 @@ def parse_args(argv: list[str] | None = None, num_processes: int | None = None, 
     processes = num_processes or resolve_dry_run(script_args).dry_run or launch_processes()
     values = {f.name: getattr(raw, f.name) for f in fields(ReSPOConfig) if f.init}
     values.update(recipe_fields(script_args, raw, explicit_flags(argv), processes))
+    if script_args.dry_run and not values["use_cpu"]:
+        import torch
+
+        if not torch.cuda.is_available():  # a dry run checks the plan for its launch, not this machine (bf16 needs a GPU)
+            values["use_cpu"] = True
     training_args = ReSPOConfig(**values)
     validate_args(script_args, training_args, model_args, num_processes=num_processes or script_args.dry_run or None)
     return script_args, training_args, model_args
