@@ -49,7 +49,7 @@ def test_reuse_generates_once_per_cycle_with_the_cycle_start_weights(make_traine
     for step, to_cycle_start, to_current in served:
         assert to_cycle_start < 1e-4, f"step {step}: stored vLLM log-probs are not the cycle-start policy's"
         if step % 2 == 1:  # one update after the cycle started: the policy has moved away from those log-probs
-            assert to_current > 1e-2, f"step {step}: the policy did not move, the test cannot tell the cycles apart"
+            assert to_current > 1e-2, f"step {step}: the policy did not move; the test cannot tell cycles apart"
     staleness = [h["reuse/staleness_max"] for h in trainer.state.log_history if "reuse/staleness_max" in h]
     assert staleness == [0, 1, 0, 1]
 
