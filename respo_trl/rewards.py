@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 import zlib
 from collections.abc import Callable, Sequence
@@ -63,6 +64,28 @@ def boxed_format_reward(completions: list[list[dict[str, str]]], **kwargs) -> li
     return rewards
 
 
+def integer_accuracy_reward(completions: list[list[dict[str, str]]], solution: list[str], **kwargs) -> list:
+    r"""1.0 when the first ``oxed{}`` of the answer part holds exactly the integer ``solution`` (``oxed{34}``),
+    else 0.0; ``None`` (skipped, as ``accuracy`` skips a gold it cannot parse) when the solution is not an integer.
+
+    Why, next to math-verify's ``accuracy``: math-verify evaluates what it parses, so ``oxed{6+28}`` counts as 34.
+    When the problem sits in the prompt as an expression (the built-in task), copying it into the box is the easiest
+    way to full reward, and a pretrained model finds it: SmolLM2-135M did within 40 RL steps (docs/vllm.md). For
+    integer answers this grades the number the model wrote.
+    """
+    rewards: list[float | None] = []
+    for completion, gold in zip(completions, solution, strict=True):
+        text = completion[0]["content"] if isinstance(completion, list) else completion
+        gold_boxes = _boxed_contents(str(gold))
+        gold = (gold_boxes[0] if gold_boxes and gold_boxes[0] is not None else str(gold)).strip()
+        if not re.fullmatch(r"-?\d+", gold):
+            rewards.append(None)
+            continue
+        boxes = [box for box in _boxed_contents(text.rsplit(_THINK_CLOSE, 1)[-1]) if box is not None]
+        rewards.append(1.0 if boxes and boxes[0].strip() == gold else 0.0)
+    return rewards
+
+
 def _accuracy_reward():
     from trl.rewards import accuracy_reward
 
@@ -91,13 +114,15 @@ def _think_format_reward():
 # ``reasoning_accuracy`` (TRL) grades only the text after ``</think>``: stricter than ``accuracy`` for thinking models,
 # which also credits a box written inside unfinished reasoning. ``dapo_accuracy`` scores +1/-1 (verl's DAPO reward
 # manager, the ReSPO paper's) with the same math-verify grading; ``soft_overlong`` (SOFT_OVERLONG) is built from the
-# completion budget (trl.rewards.get_soft_overlong_punishment).
+# completion budget (trl.rewards.get_soft_overlong_punishment). ``integer_accuracy`` grades the integer written in the
+# box, not what math-verify evaluates it to (``\boxed{6+28}`` is not 34 for it).
 SOFT_OVERLONG = "soft_overlong"
 REWARD_FUNCS: dict[str, Callable[[], Callable]] = {
     "accuracy": _accuracy_reward,
     "dapo_accuracy": _dapo_accuracy_reward,
     "reasoning_accuracy": _reasoning_accuracy_reward,
     "format": lambda: boxed_format_reward,
+    "integer_accuracy": lambda: integer_accuracy_reward,
     "think_format": _think_format_reward,
 }
 
@@ -196,7 +221,7 @@ def find_boxed_answer(text: str) -> str | None:
     return boxes[-1] if boxes else None
 
 
-ACCURACY_REWARDS = ("accuracy", "reasoning_accuracy")  # the ones held-out accuracy can be measured with
+ACCURACY_REWARDS = ("accuracy", "reasoning_accuracy", "integer_accuracy")  # held-out accuracy is measured with these
 
 __all__ = [
     "ACCURACY_REWARDS",
@@ -205,6 +230,7 @@ __all__ = [
     "boxed_format_reward",
     "crc_reward",
     "find_boxed_answer",
+    "integer_accuracy_reward",
     "probe_rewards",
     "resolve_reward",
     "reward_name",

@@ -62,6 +62,7 @@ def test_smollm2_preset_is_a_cpu_run_with_vllm_generation_on_the_converted_gguf(
     assert script.dataset_name == "builtin:arithmetic" and "{problem}" in script.prompt_template
     assert "\\boxed{" in script.prompt_template and script.warmstart_steps == 0 and script.eval_mode == "greedy"
     assert "dequantised" in training.output_dir  # its card says what the weights are
+    assert script.reward_funcs == ["integer_accuracy", "format"]  # math-verify's accuracy is gamed here (docs/vllm.md)
 
 
 @pytest.mark.parametrize("preset", QWEN3_PRESETS)

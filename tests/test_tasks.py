@@ -142,6 +142,22 @@ def test_boxed_format_reward():
     assert boxed_format_reward([[{"content": t}] for t in texts]) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
 
 
+def test_integer_accuracy_grades_the_number_written_not_an_expression_math_verify_evaluates():
+    """What SmolLM2-135M learned under RL on the built-in task (docs/vllm.md): boxing the problem itself, which
+    math-verify's accuracy evaluates and accepts. Catches: an evaluated or lenient comparison, a box inside unfinished
+    reasoning counted, a non-integer gold graded instead of skipped."""
+    from respo_trl.rewards import integer_accuracy_reward, resolve_reward
+
+    texts = ["6+28 is \\boxed{6+28}", "\\boxed{34}", "\\boxed{ 34 }", "34", "<think>\\boxed{34}</think> \\boxed{33}",
+             "\\boxed{34.0}", "\\boxed{34} then \\boxed{35}"]  # fmt: skip
+    completions = [[{"content": t}] for t in texts]
+    assert resolve_reward("accuracy")(completions[:1], ["34"]) == [1.0]  # the loophole this reward closes
+    assert integer_accuracy_reward(completions, ["34"] * len(texts)) == [0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    assert integer_accuracy_reward(completions[1:3], ["\\boxed{34}", "-34"]) == [1.0, 0.0]
+    assert integer_accuracy_reward(completions[:1], ["\\frac{1}{2}"]) == [None]
+    assert resolve_reward("integer_accuracy") is integer_accuracy_reward
+
+
 def test_reward_names_resolve_or_fail_clearly():
     from respo_trl.rewards import boxed_format_reward, resolve_reward
 
