@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import torch
 
@@ -30,6 +31,14 @@ class FakeVLLMGeneration:
         self.syncs = 0
         self.generator = torch.Generator().manual_seed(1234)
         self.vllm_client = _FakeClient()  # server mode: TRL asks the server how it computes log-probs
+
+    @property
+    def llm(self):
+        """TRL's engine handle as far as ReSPOTrainer's colocate check reads it (``llm.llm_engine.model_executor.
+        driver_worker.model_runner.model``): the stand-in's model, every weight in place, so the check passes."""
+        model = self.sampler if self.sampler is not None else self.accelerator.unwrap_model(self.model)
+        runner = SimpleNamespace(model_runner=SimpleNamespace(model=model))
+        return SimpleNamespace(llm_engine=SimpleNamespace(model_executor=SimpleNamespace(driver_worker=runner)))
 
     def sync_weights(self):
         model = self.accelerator.unwrap_model(self.model)
