@@ -132,6 +132,29 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def plot(result: dict, path: Path) -> None:
+    """``log W`` standard deviation against response length, one line per (engine, trainer) pair."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for cell in result["cells"]:
+        by = cell["stats"]["by_length"]
+        style = "-" if cell["engine"] == "bfloat16" else "--"
+        ax.plot(result["lengths"], [by[str(length)]["log_w_std"] for length in result["lengths"]], style, marker="o",
+                label=f"vLLM {cell['engine']} / trainer {cell['trainer']}")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("response length L (tokens)")
+    ax.set_ylabel("std of log W at staleness 0")
+    ax.set_title(f"SmolLM2-135M (dequantised Q4), {result['sequences']} responses per engine", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="outputs/smollm2-135m-instruct-q4", help="A local checkpoint directory.")
@@ -140,11 +163,12 @@ def main(argv=None) -> dict:
     p.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024, 2048])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="docs/benchmarks", help="Folder for vllm_logw_gap.json.")
-    p.add_argument("--markdown-from", metavar="JSON", help="Print the docs table of an existing result and exit.")
+    p.add_argument("--markdown-from", metavar="JSON", help="Print the docs table of an existing result, redraw its plot.")
     args = p.parse_args(argv)
     if args.markdown_from:
         result = json.loads(Path(args.markdown_from).read_text())
         print(markdown(result))
+        plot(result, Path(args.markdown_from).with_suffix(".png"))
         return result
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process (no spawn)
     import torch
@@ -189,6 +213,7 @@ def main(argv=None) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "vllm_logw_gap.json").write_text(json.dumps(result, indent=1))
+    plot(result, out / "vllm_logw_gap.png")
     print(markdown(result))
     print(f"\nwrote {out / 'vllm_logw_gap.json'} ({result['wall_s']:.0f} s)")
     return result

@@ -57,7 +57,7 @@ def test_reuse_generates_once_per_cycle_with_the_cycle_start_weights(make_traine
 def test_mid_cycle_checkpoint_resumes_exactly_with_vllm(make_trainer, tmp_path):
     """N = 2: a checkpoint after the cycle's first update holds the vLLM rollouts of the cycle; resuming from it
     serves them to the second update without calling vLLM and ends on the uninterrupted run's weights, bit for bit.
-    Catches: the buffer not saved or not restored (the resumed run would sample new rollouts), the wrong rows served."""
+    Catches: the buffer not saved or not restored (the resumed run would sample anew), the wrong rows served."""
     counts = {}
 
     def counted(trainer, name):
