@@ -64,11 +64,18 @@ def boxed_format_reward(completions: list[list[dict[str, str]]], **kwargs) -> li
     return rewards
 
 
+def _integer_gold(gold) -> str | None:
+    """The integer a gold answer holds (``"34"``, ``"\\boxed{34}"``), or ``None`` when it is not an integer."""
+    gold_boxes = _boxed_contents(str(gold))
+    gold = (gold_boxes[0] if gold_boxes and gold_boxes[0] is not None else str(gold)).strip()
+    return gold if re.fullmatch(r"-?\d+", gold) else None
+
+
 def integer_accuracy_reward(completions: list[list[dict[str, str]]], solution: list[str], **kwargs) -> list:
-    r"""1.0 when the first ``oxed{}`` of the answer part holds exactly the integer ``solution`` (``oxed{34}``),
+    r"""1.0 when the first ``\boxed{}`` of the answer part holds exactly the integer ``solution`` (``\boxed{34}``),
     else 0.0; ``None`` (skipped, as ``accuracy`` skips a gold it cannot parse) when the solution is not an integer.
 
-    Why, next to math-verify's ``accuracy``: math-verify evaluates what it parses, so ``oxed{6+28}`` counts as 34.
+    Why, next to math-verify's ``accuracy``: math-verify evaluates what it parses, so ``\boxed{6+28}`` counts as 34.
     When the problem sits in the prompt as an expression (the built-in task), copying it into the box is the easiest
     way to full reward, and a pretrained model finds it: SmolLM2-135M did within 40 RL steps (docs/vllm.md). For
     integer answers this grades the number the model wrote.
@@ -76,13 +83,40 @@ def integer_accuracy_reward(completions: list[list[dict[str, str]]], solution: l
     rewards: list[float | None] = []
     for completion, gold in zip(completions, solution, strict=True):
         text = completion[0]["content"] if isinstance(completion, list) else completion
-        gold_boxes = _boxed_contents(str(gold))
-        gold = (gold_boxes[0] if gold_boxes and gold_boxes[0] is not None else str(gold)).strip()
-        if not re.fullmatch(r"-?\d+", gold):
+        gold = _integer_gold(gold)
+        if gold is None:
             rewards.append(None)
             continue
         boxes = [box for box in _boxed_contents(text.rsplit(_THINK_CLOSE, 1)[-1]) if box is not None]
         rewards.append(1.0 if boxes and boxes[0].strip() == gold else 0.0)
+    return rewards
+
+
+# A number as written: a sign only where it cannot be a binary minus (not after a digit or a closing bracket), a
+# decimal part kept so that 34.5 is not read as 5, thousands separators removed before matching.
+_NUMBER = re.compile(r"(?:(?<![\w.)\]}])-)?\d+(?:\.\d+)?")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+
+
+def last_integer_accuracy_reward(completions: list[list[dict[str, str]]], solution: list[str], **kwargs) -> list:
+    r"""1.0 when the last number in the answer part of a completion is the integer ``solution``, else 0.0; ``None``
+    (skipped) when the solution is not an integer.
+
+    Why: a small chat model answers "6 + 28 = 34" or "The answer is 34." and rarely boxes anything, so a box-based
+    reward scores its right answers 0 and a format bonus then teaches it to box anything at all; SmolLM2-135M boxed
+    the prompt's placeholder ``\boxed{result}`` (docs/vllm.md). The last number is the one the answer ends on, so
+    copying the problem (``6+28``, ending in 28) or restating it after the answer (``34 (6 + 28)``) scores 0, and a
+    decimal (``34.5``) is not an integer. The answer part is the text after the last ``</think>``.
+    """
+    rewards: list[float | None] = []
+    for completion, gold in zip(completions, solution, strict=True):
+        text = completion[0]["content"] if isinstance(completion, list) else completion
+        gold = _integer_gold(gold)
+        if gold is None:
+            rewards.append(None)
+            continue
+        numbers = _NUMBER.findall(_THOUSANDS.sub("", text.rsplit(_THINK_CLOSE, 1)[-1]))
+        rewards.append(1.0 if numbers and numbers[-1] == gold else 0.0)
     return rewards
 
 
@@ -115,7 +149,8 @@ def _think_format_reward():
 # which also credits a box written inside unfinished reasoning. ``dapo_accuracy`` scores +1/-1 (verl's DAPO reward
 # manager, the ReSPO paper's) with the same math-verify grading; ``soft_overlong`` (SOFT_OVERLONG) is built from the
 # completion budget (trl.rewards.get_soft_overlong_punishment). ``integer_accuracy`` grades the integer written in the
-# box, not what math-verify evaluates it to (``\boxed{6+28}`` is not 34 for it).
+# box, not what math-verify evaluates it to (``\boxed{6+28}`` is not 34 for it); ``last_integer_accuracy`` the last
+# number of the answer, boxed or not (for models that do not box).
 SOFT_OVERLONG = "soft_overlong"
 REWARD_FUNCS: dict[str, Callable[[], Callable]] = {
     "accuracy": _accuracy_reward,
@@ -123,6 +158,7 @@ REWARD_FUNCS: dict[str, Callable[[], Callable]] = {
     "reasoning_accuracy": _reasoning_accuracy_reward,
     "format": lambda: boxed_format_reward,
     "integer_accuracy": lambda: integer_accuracy_reward,
+    "last_integer_accuracy": lambda: last_integer_accuracy_reward,
     "think_format": _think_format_reward,
 }
 
@@ -221,7 +257,8 @@ def find_boxed_answer(text: str) -> str | None:
     return boxes[-1] if boxes else None
 
 
-ACCURACY_REWARDS = ("accuracy", "reasoning_accuracy", "integer_accuracy")  # held-out accuracy is measured with these
+# Held-out accuracy is measured with these.
+ACCURACY_REWARDS = ("accuracy", "reasoning_accuracy", "integer_accuracy", "last_integer_accuracy")
 
 __all__ = [
     "ACCURACY_REWARDS",
@@ -231,6 +268,7 @@ __all__ = [
     "crc_reward",
     "find_boxed_answer",
     "integer_accuracy_reward",
+    "last_integer_accuracy_reward",
     "probe_rewards",
     "resolve_reward",
     "reward_name",

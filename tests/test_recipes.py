@@ -60,9 +60,11 @@ def test_smollm2_preset_is_a_cpu_run_with_vllm_generation_on_the_converted_gguf(
     assert training.use_vllm and training.vllm_mode == "colocate" and training.vllm_importance_sampling_correction
     assert training.loss_type == "respo" and training.steps_per_generation == 2 * training.gradient_accumulation_steps
     assert script.dataset_name == "builtin:arithmetic" and "{problem}" in script.prompt_template
-    assert "\\boxed{" in script.prompt_template and script.warmstart_steps == 0 and script.eval_mode == "greedy"
+    assert "\\boxed{" not in script.prompt_template  # a placeholder to copy is what it learned (docs/vllm.md)
+    assert script.warmstart_steps == 0 and script.eval_mode == "greedy"
     assert "dequantised" in training.output_dir  # its card says what the weights are
-    assert script.reward_funcs == ["integer_accuracy", "format"]  # math-verify's accuracy is gamed here (docs/vllm.md)
+    # math-verify's accuracy and a format bonus are gamed here (docs/vllm.md): the number the answer ends on, alone
+    assert script.reward_funcs == ["last_integer_accuracy"]
 
 
 @pytest.mark.parametrize("preset", QWEN3_PRESETS)

@@ -158,6 +158,27 @@ def test_integer_accuracy_grades_the_number_written_not_an_expression_math_verif
     assert resolve_reward("integer_accuracy") is integer_accuracy_reward
 
 
+def test_last_integer_accuracy_grades_the_number_the_answer_ends_on():
+    """What SmolLM2-135M writes on the preset's prompt ("What is 6+28? Answer with the number only."): a sum or a
+    sentence, no box. Catches: the first number taken instead of the last (copying the problem, "6+28", would score),
+    a box required, a decimal or a binary minus read as an integer (0.34 as 34, 28-34 as -34), reasoning counted."""
+    from respo_trl.rewards import ACCURACY_REWARDS, last_integer_accuracy_reward, resolve_reward
+
+    texts = ["6+28", "6 + 28 = 34.", "The answer is 34", "34 (6 + 28)", "6+28= \\boxed{34}", "6+28= \\boxed{result}",
+             "6 + 28 = 0.34", "6 + 28 = 34. Check: 34 - 28 = 6", "<think>6+28=34</think> 33", "1,034", "",
+             "<think>6+28=34</think>"]  # fmt: skip
+    completions = [[{"content": t}] for t in texts]
+    golds = ["34"] * len(texts)
+    golds[9] = "1034"
+    assert last_integer_accuracy_reward(completions, golds) == [0, 1, 1, 0, 1, 0, 0, 0, 0, 1, 0, 0]
+    negative = [[{"content": t}] for t in ("x = -34", "28-34", "6 - 40 = -34")]
+    assert last_integer_accuracy_reward(negative, ["-34"] * 3) == [1.0, 0.0, 1.0]
+    assert last_integer_accuracy_reward(completions[1:2], ["\\boxed{34}"]) == [1.0]
+    assert last_integer_accuracy_reward(completions[1:2], ["\\frac{1}{2}"]) == [None]
+    assert resolve_reward("last_integer_accuracy") is last_integer_accuracy_reward
+    assert "last_integer_accuracy" in ACCURACY_REWARDS  # held-out accuracy is graded by the training reward
+
+
 def test_reward_names_resolve_or_fail_clearly():
     from respo_trl.rewards import boxed_format_reward, resolve_reward
 
