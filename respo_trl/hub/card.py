@@ -220,9 +220,13 @@ def recipe_evaluation(report: dict) -> str | None:
     heldout = report.get("heldout") or {}
     if heldout.get("after") is None:
         return None
+    from ..rewards import ACCURACY_REWARDS, GRADED_BY
+
     mode = {"greedy": "greedy decoding", "sampled": "mean of sampled answers"}.get(heldout.get("mode"), heldout.get("mode"))
+    rewards = ((report.get("args") or {}).get("script") or {}).get("reward_funcs") or ["accuracy"]
+    name = next((r for r in rewards if r in ACCURACY_REWARDS), "accuracy")  # the recipe grades with this one
     text = (f"Held-out accuracy measured by the training run ({heldout.get('dataset')}, {heldout.get('n')} problems, "
-            f"{mode}, graded with math-verify as the reward): ")  # fmt: skip
+            f"{mode}, graded like the training reward `{name}`: {GRADED_BY[name]}): ")  # fmt: skip
     if heldout.get("before") is not None:
         text += f"{100 * heldout['before']:.1f}% before RL, "
     text += f"**{100 * heldout['after']:.1f}%** after RL (these weights)"
@@ -244,11 +248,29 @@ def data_description(dataset_name: str | None, report: dict) -> str:
         if script.get("task_min_terms") is not None:
             extra = (f": {script['task_min_terms']}-{script['task_max_terms']} operands from 0 to "
                      f"{script['task_max_operand']} joined by {' or '.join(repr(o) for o in script['task_operators'])}"
-                     f", answer in `\\boxed{{}}`; held-out problems are a disjoint split (by hash) of the same generator")  # fmt: skip
+                     f"; held-out problems are a disjoint split (by hash) of the same generator")  # fmt: skip
         else:
             extra = ""
         return f"The built-in arithmetic task, generated locally by `respo_trl.demo.tasks`{extra}."
     return f"{name}."
+
+
+def converted_weights_note(report: dict) -> str | None:
+    """What the starting weights are when the run began from a checkpoint that ``respo_trl.integrations.gguf``
+    converted from a quantised GGUF file (its ``gguf_source.json``): not the official weights, which a reader of the
+    card must know before comparing it with anything trained from them."""
+    from ..integrations.gguf import SOURCE_FILE
+
+    start = (report.get("model") or {}).get("name") or ""
+    source = Path(start) / SOURCE_FILE
+    if not start or not source.is_file():
+        return None
+    info = json.loads(source.read_text())
+    bits = re.search(r"Q(\d)", str(info.get("quantization")))
+    kind = f"dequantised {bits.group(1)}-bit weights" if bits else "dequantised weights"
+    return (f"Its starting weights (`{start}`) are dequantised from the quantised GGUF file `{info.get('gguf_file')}` "
+            f"({info.get('quantization')}, sha256 `{info.get('sha256')}`) by `respo_trl.integrations.gguf`: "
+            f"**{kind}, not the official checkpoint**.")  # fmt: skip
 
 
 def license_of(base_model: str | None) -> tuple[str | None, str]:
@@ -408,6 +430,7 @@ def render_card(
         max_new_tokens=args.get("max_completion_length") or 1024,
         temperature=args.get("temperature") or 1.0,
         data_description=data_description(dataset_name, run),
+        converted_weights=converted_weights_note(run),
         license_line=license_line,
         recipe_eval=recipe_eval,
         base_model=base_model,
