@@ -103,7 +103,7 @@ RL_ARGS = [
     "--per_device_train_batch_size", "64", "--gradient_accumulation_steps", "1", "--respo_reuse", "1",
     "--weight_decay", "0.1", "--max_grad_norm", "1.0", "--lr_scheduler_type", "constant_with_warmup",
     "--warmup_steps", "12", "--temperature", "1.0", "--beta", "0.0", "--heldout_size", "256",
-    "--heldout_eval_steps", "0", "--keep_best_heldout", "false", "--save_strategy", "no",
+    "--heldout_eval_steps", "0", "--keep_best_heldout", "false",
     "--logging_steps", "1",
 ]  # fmt: skip
 ARMS = {
@@ -177,24 +177,36 @@ def profile_warm_start(setting: str, seed: int, args: list[str], path: str, n_pr
 
 
 def run_one(spec: dict) -> dict:
-    """One recipe run from the warm start of ``spec['setting']`` / seed; returns (and writes) its record."""
+    """One recipe run from the warm start of ``spec['setting']`` / seed; returns (and writes) its record.
+
+    A run is checkpointed at the end of every reuse cycle (each ``N`` updates, the last two kept) in the work folder's
+    ``scratch/``, and a run started again after a crash or the end of a session resumes from its newest complete
+    checkpoint: the trainer restores the weights, optimizer, schedule, random state and rollout buffer exactly, so the
+    record is the one an uninterrupted run writes (``tests/test_regime.py``), except ``wall_s``/``train_s``, which
+    count this process only (``resumed_from_step`` says where it took over)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from respo_trl.buffer import last_complete_checkpoint
     from respo_trl.demo.warmstart import sampling_profile
 
     recipe = load_recipe()
     n = spec["N"]
     output_dir = os.path.join(spec["scratch"], spec["name"])
+    resume, _ = last_complete_checkpoint(output_dir, num_processes=1)
     argv = [
         *spec["setting_args"], *RL_ARGS, *spec["extra"], *spec["loss_args"], "--seed", str(spec["seed"]),
         "--steps_per_generation", str(n), "--respo_updates_per_rollout", str(n), "--max_steps", str(spec["updates"]),
         "--learning_rate", str(spec["lr"]), "--eval_mode", "greedy" if spec["evaluate"] else "none",
         "--output_dir", output_dir, "--warmstart_steps", "0",  # the warm start is loaded, not redone
+        "--save_strategy", "steps", "--save_steps", str(n), "--save_total_limit", "2",  # a checkpoint per cycle
+        *(["--resume_from_checkpoint", resume] if resume else []),
     ]  # fmt: skip
     script_args, training_args, model_args = recipe.parse_args(argv)
     script_args.tiny_model, model_args.model_name_or_path = None, spec["warm_path"]
     start = time.time()
-    with open(Path(spec["logs_dir"], spec["name"] + ".log"), "w") as log:
+    with open(Path(spec["logs_dir"], spec["name"] + ".log"), "a" if resume else "w") as log:
+        if resume:
+            print(f"resuming from {resume}", file=log, flush=True)
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):  # one log per run: a readable console
             report = recipe.main(script_args, training_args, model_args)
             train_s = time.time() - start
@@ -222,6 +234,8 @@ def run_one(spec: dict) -> dict:
     shutil.rmtree(output_dir, ignore_errors=True)
     record["wall_s"] = time.time() - start
     record["train_s"] = train_s
+    if resume:
+        record["resumed_from_step"] = int(resume.rsplit("-", 1)[1])
     Path(spec["runs_dir"], spec["name"] + ".json").write_text(json.dumps(record))
     return record
 

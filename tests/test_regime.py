@@ -246,3 +246,45 @@ def test_smoke_runs_of_the_gate_and_the_comparison(tmp_path):
     seed0 = summary["comparison"]["arms"]["respo"]["per_seed"]["0"]
     # each arm's row shows that seed's own late-mean score and low-weight share (not a pooled number)
     assert f"| respo | {100 * seed0['late_mean']:.1f} / " in "\n".join(per_seed)
+
+
+@pytest.mark.slow
+def test_a_run_cut_mid_way_resumes_from_its_last_cycle_with_the_same_record(regime, tmp_path, monkeypatch):
+    """A session that ends mid-run loses at most the cycle in progress: the run is checkpointed every N updates and,
+    started again, resumes from there and writes the record an uninterrupted run writes."""
+    from respo_trl.recipe.cli import Interrupted
+    from respo_trl.trainer import ReSPOTrainer
+
+    args = regime.parse(["compare", "--smoke", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")])
+
+    def spec(name):
+        s = regime.base_spec(args, "short", 1)
+        s.update(name=name, stage="compare", arm="respo", lr=1e-4, loss_args=regime.ARMS["respo"][0], evaluate=True,
+                 runs_dir=str(tmp_path / "out" / name))  # fmt: skip
+        for d in (s["runs_dir"], s["scratch"], s["logs_dir"]):
+            os.makedirs(d, exist_ok=True)
+        return s
+
+    s = spec("whole")
+    regime.profile_warm_start("short", 1, [*s["setting_args"], *s["extra"]], s["warm_path"], 8, 2)
+    whole = regime.run_one(s)
+    assert s["N"] == 2 and whole["global_step"] == 4 and "resumed_from_step" not in whole
+
+    step = ReSPOTrainer.training_step
+
+    def cut_at_update_4(self, *a, **k):
+        if self.state.global_step == 3:  # update 3 done, the checkpoint of update 2 (the first cycle's end) on disk
+            raise KeyboardInterrupt("session over")
+        return step(self, *a, **k)
+
+    cut = spec("cut")
+    monkeypatch.setattr(ReSPOTrainer, "training_step", cut_at_update_4)
+    with pytest.raises(Interrupted, match="interrupted at step 3 of 4"):  # Ctrl-C, as the recipe reports it
+        regime.run_one(cut)
+    assert sorted(os.listdir(os.path.join(cut["scratch"], "cut"))).count("checkpoint-2") == 1
+    monkeypatch.setattr(ReSPOTrainer, "training_step", step)
+    resumed = regime.run_one(cut)
+    assert resumed["resumed_from_step"] == 2
+    assert [h["step"] for h in resumed["history"]] == [1, 2, 3, 4]  # every update once, the first cycle's from disk
+    assert resumed["history"] == whole["history"]
+    assert resumed["heldout"] == whole["heldout"] and resumed["generated_tokens"] == whole["generated_tokens"]
