@@ -524,7 +524,10 @@ def main(argv=None) -> dict:
     if args.stage == "check":
         return reproduces(args)
     if args.stage == "summary" and args.markdown:
-        summary = json.loads(Path(args.out, "mechanism.json").read_text())
+        path = Path(args.out, "mechanism.json")
+        if not path.exists():
+            return summarize(args)  # written from the arms first (it prints the tables too)
+        summary = json.loads(path.read_text())
         print(markdown(summary))
         return summary
     if args.stage == "run":
