@@ -80,16 +80,12 @@ def integer_accuracy_reward(completions: list[list[dict[str, str]]], solution: l
     way to full reward, and a pretrained model finds it: SmolLM2-135M did within 40 RL steps (docs/vllm.md). For
     integer answers this grades the number the model wrote.
     """
-    rewards: list[float | None] = []
-    for completion, gold in zip(completions, solution, strict=True):
-        text = completion[0]["content"] if isinstance(completion, list) else completion
-        gold = _integer_gold(gold)
-        if gold is None:
-            rewards.append(None)
-            continue
-        boxes = [box for box in _boxed_contents(text.rsplit(_THINK_CLOSE, 1)[-1]) if box is not None]
-        rewards.append(1.0 if boxes and boxes[0].strip() == gold else 0.0)
-    return rewards
+
+    def first_box(answer: str) -> str | None:
+        boxes = [box for box in _boxed_contents(answer) if box is not None]
+        return boxes[0].strip() if boxes else None
+
+    return _integer_rewards(completions, solution, first_box)
 
 
 # A number as written: a sign only where it cannot be a binary minus (not after a digit or a closing bracket), a
@@ -108,15 +104,22 @@ def last_integer_accuracy_reward(completions: list[list[dict[str, str]]], soluti
     copying the problem (``6+28``, ending in 28) or restating it after the answer (``34 (6 + 28)``) scores 0, and a
     decimal (``34.5``) is not an integer. The answer part is the text after the last ``</think>``.
     """
+
+    def last_number(answer: str) -> str | None:
+        numbers = _NUMBER.findall(_THOUSANDS.sub("", answer))
+        return numbers[-1] if numbers else None
+
+    return _integer_rewards(completions, solution, last_number)
+
+
+def _integer_rewards(completions, solution, read) -> list[float | None]:
+    """1.0 where ``read`` (the answer part, after the last ``</think>``) gives the integer gold exactly, else 0.0;
+    None where the gold is not an integer."""
     rewards: list[float | None] = []
     for completion, gold in zip(completions, solution, strict=True):
         text = completion[0]["content"] if isinstance(completion, list) else completion
         gold = _integer_gold(gold)
-        if gold is None:
-            rewards.append(None)
-            continue
-        numbers = _NUMBER.findall(_THOUSANDS.sub("", text.rsplit(_THINK_CLOSE, 1)[-1]))
-        rewards.append(1.0 if numbers and numbers[-1] == gold else 0.0)
+        rewards.append(None if gold is None else float(read(text.rsplit(_THINK_CLOSE, 1)[-1]) == gold))
     return rewards
 
 
