@@ -105,14 +105,13 @@ def measure(model: str, heldout, train, temperature: float, samples: int, max_to
         "shapes": {
             s: {"n": shapes[(s, True)] + shapes[(s, False)], "right": shapes[(s, True)]}
             for s in ("number only", "a + b = c", "a + b = c, then text", "other")
-        },  # fmt: skip
+        },
         "carry": {
             c: {"n": carry[(c, True)] + carry[(c, False)], "right": carry[(c, True)]} for c in ("carry", "no carry")
         },
         "fixed_shape_accuracy": {"heldout": fixed_shape(heldout), "train": fixed_shape(train)},
         "examples": [{"prompt": p[-1]["content"], "answer": t} for p, t in zip(heldout["prompt"][:8], greedy[:8])],
     }
-    del llm
     return result
 
 
