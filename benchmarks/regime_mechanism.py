@@ -196,18 +196,20 @@ def scores_of(rows: list[dict], key: str = "late_mean") -> dict[int, float]:
     return {r["seed"]: r[key] for r in rows if r.get(key) is not None}
 
 
-def variant_reading(variant: dict[int, float], respo: dict[int, float], vespo: dict[int, float]) -> dict:
-    """5.5's three-way reading of a ReSPO variant against the stored ReSPO and VESPO of the same seeds."""
+def variant_reading(variant: dict[int, float], respo: dict[int, float], vespo: dict[int, float],
+                    needed: int = len(SEEDS)) -> dict:  # fmt: skip
+    """5.5's three-way reading of a ReSPO variant against the stored ReSPO and VESPO of the same seeds: only once
+    ``needed`` seeds are paired (5.5 reads over seeds 1-4; a partial table is shown, never read)."""
     vs_vespo, vs_respo = regime.paired(variant, vespo), regime.paired(variant, respo)
     out = {"minus_vespo": vs_vespo, "minus_respo": vs_respo}
-    if vs_respo["ci"] is None or vs_vespo["mean"] is None:
+    if vs_respo["ci"] is None or vs_vespo["mean"] is None or len(vs_respo["seeds"]) < needed:
         out["reading"] = "incomplete"
     elif vs_respo["ci"][0] > 0:
         out["reading"] = "closes the gap" if vs_vespo["mean"] >= -MARGIN else "closes part of the gap"
     else:
         out["reading"] = "does not close the gap"
     ci = vs_vespo["ci"]
-    out["beats_vespo"] = bool(ci and vs_vespo["mean"] >= MARGIN and ci[0] > 0)  # then: confirm on seeds 5-9 (5.5)
+    out["beats_vespo"] = bool(out["reading"] != "incomplete" and ci and vs_vespo["mean"] >= MARGIN and ci[0] > 0)
     return out
 
 
@@ -220,11 +222,12 @@ def pooled_interval(values: list[float]) -> dict:
     return out
 
 
-def readings(arms: dict[str, list[dict]], stored: dict[str, list[dict]], ages=AGES) -> dict:
-    """Each hypothesis read by its rule (docs/benchmarks.md 5.5). ``arms``/``stored``: arm -> run rows."""
+def readings(arms: dict[str, list[dict]], stored: dict[str, list[dict]], ages=AGES, needed: int = len(SEEDS)) -> dict:
+    """Each hypothesis read by its rule (docs/benchmarks.md 5.5), once its arms have ``needed`` paired seeds (None or
+    "incomplete" before). ``arms``/``stored``: arm -> run rows."""
     respo, vespo = scores_of(stored.get("respo", [])), scores_of(stored.get("vespo", []))
     out = {"gap": regime.paired(vespo, respo)}
-    variants = {a: variant_reading(scores_of(arms[a]), respo, vespo)
+    variants = {a: variant_reading(scores_of(arms[a]), respo, vespo, needed)
                 for a in ("respo_negvespo", "respo_eqmove", "respo_groups") if arms.get(a)}  # fmt: skip
     out["variants"] = variants
     # H1
@@ -232,9 +235,9 @@ def readings(arms: dict[str, list[dict]], stored: dict[str, list[dict]], ages=AG
         flat = regime.paired(scores_of(arms["vespo_pos1"]), vespo)
         supported = variants["respo_negvespo"]["reading"] == "closes the gap" and flat["mean"] is not None and (
             flat["mean"] >= -MARGIN)
-        complete = variants["respo_negvespo"]["reading"] != "incomplete" and flat["ci"] is not None
+        complete = variants["respo_negvespo"]["reading"] != "incomplete" and len(flat["seeds"]) >= needed
         out["H1"] = {"vespo_pos1_minus_vespo": flat, "supported": supported if complete else None,
-                     "vespo_positive_branch_contributes": bool(flat["ci"] and flat["ci"][1] < 0)}  # fmt: skip
+                     "vespo_positive_branch_contributes": bool(complete and flat["ci"] and flat["ci"][1] < 0)}  # fmt: skip
     # H2
     if "respo_eqmove" in variants:
         reading = variants["respo_eqmove"]["reading"]
@@ -252,7 +255,8 @@ def readings(arms: dict[str, list[dict]], stored: dict[str, list[dict]], ages=AG
         pooled = pooled_interval(effects)
         out["H3"] = {
             "respo_minus_vespo_groups": gap_groups, "gap_change": change,
-            "supported": None if change["ci"] is None else bool(gap_groups["mean"] >= -MARGIN and change["ci"][0] > 0),
+            "supported": None if change["ci"] is None or len(change["seeds"]) < needed
+            else bool(gap_groups["mean"] >= -MARGIN and change["ci"][0] > 0),
             "whole_groups_effect": pooled,
             "default_whole_groups_under_N": None if pooled["ci"] is None or pooled["n"] < 12 else pooled["ci"][0] > 0,
         }  # fmt: skip
@@ -261,7 +265,7 @@ def readings(arms: dict[str, list[dict]], stored: dict[str, list[dict]], ages=AG
     if onpolicy:
         late = regime.paired(scores_of(onpolicy), vespo)
         aligned = regime.paired(scores_of(onpolicy, "age_aligned"), vespo)
-        if aligned["ci"] is None:
+        if aligned["ci"] is None or len(aligned["seeds"]) < needed:
             reading = None
         elif aligned["ci"][0] > 0:
             reading = "on-policy leads at equal policy age"
@@ -306,7 +310,7 @@ def summarize(args) -> dict:
         "design": "docs/benchmarks.md 5.5", "setting": SMOKE["setting"] if args.smoke else SETTING,
         "stored": str(args.stored), "arms": arms, "stored_arms": stored, "unpaired": unpaired,
         "h2_search": {"points": search_points(runs, stored_runs, args.smoke), "lr": eqmove},
-        "readings": readings(arms, stored, ages),
+        "readings": readings(arms, stored, ages, len(SMOKE["seeds"] if args.smoke else SEEDS)),
         "machine": {**machine_info(), "workers": args.workers, "threads_per_worker": 1},
         "command": "python benchmarks/regime_mechanism.py " + " ".join(sys.argv[1:]),
     }  # fmt: skip

@@ -179,3 +179,16 @@ def test_smoke_run_pairs_with_a_stored_comparison_and_resumes(tmp_path):
     path.write_text(json.dumps(record))
     changed = subprocess.run(check, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert changed.returncode != 0 and "step 2 entropy" in changed.stdout
+
+
+def test_a_partial_arm_is_shown_but_never_read(mech):
+    """5.5 reads each hypothesis over seeds 1-4: two seeds in, the table has the differences and no reading."""
+    respo, vespo = mech.scores_of(STORED["respo"]), mech.scores_of(STORED["vespo"])
+    two = mech.variant_reading({1: 0.60, 2: 0.90}, respo, vespo)  # far ahead of both on the two seeds it has
+    assert two["reading"] == "incomplete" and not two["beats_vespo"] and two["minus_vespo"]["seeds"] == [1, 2]
+    arms = {"respo_negvespo": scores([0.48, 0.71], "respo_negvespo"), "vespo_pos1": scores([0.39, 0.615], "vespo_pos1"),  # -10, -10.5: interval below 0
+            "onpolicy": [{"seed": 3, "late_mean": 0.72, "age_aligned": 0.72}]}  # fmt: skip
+    stored = {**STORED, "onpolicy": [{"seed": 1, "late_mean": 0.61, "age_aligned": 0.59}]}
+    r = mech.readings(arms, stored)
+    assert r["H1"]["supported"] is None and r["H1"]["vespo_positive_branch_contributes"] is False
+    assert r["H4"]["reading"] is None and r["H4"]["aligned_minus_vespo"]["seeds"] == [1, 3]
