@@ -511,7 +511,8 @@ def run_all(args, specs: list[dict], runs_dir: Path) -> dict[str, dict]:
                   f"{'n/a' if late is None else f'{100 * late:.1f}%'}, low-W positives (first half) "
                   f"{'n/a' if share != share else f'{100 * share:.1f}%'}, {result['wall_s']:.0f} s "
                   f"({time.time() - start:.0f} s)", flush=True)  # fmt: skip
-    shutil.rmtree(Path(args.work, "scratch"), ignore_errors=True)
+    with contextlib.suppress(OSError):  # each run removed its own folder; another runner may share this one
+        Path(args.work, "scratch").rmdir()
     return done
 
 
