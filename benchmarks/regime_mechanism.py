@@ -390,6 +390,10 @@ def _arm_table(title: str, rows_by_arm: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
+def _verdict(supported: bool | None) -> str:
+    return {True: "supported", False: "not supported"}.get(supported, "not read yet (seeds 1-4 needed)")
+
+
 def markdown(summary: dict) -> str:
     lines = _arm_table("Stored runs (docs/benchmarks/regime, 5.3), seeds 1-4:", summary["stored_arms"])
     lines += [""] + _arm_table("New runs (5.5):", summary["arms"])
@@ -403,27 +407,28 @@ def markdown(summary: dict) -> str:
               "", "| comparison | per seed: mean [interval] | reading (5.5's rule) |", "|---|---|---|",
               f"| VESPO - ReSPO (stored) | {_d(r['gap'])} | the gap to explain |"]
     for arm, v in r["variants"].items():
-        lines.append(f"| {arm} - ReSPO | {_d(v['minus_respo'])} | {v['reading']} |")
+        reading = v["reading"] if v["reading"] != "incomplete" else f"not read yet ({len(v['minus_respo']['seeds'])} of {len(SEEDS)} seeds)"
+        lines.append(f"| {arm} - ReSPO | {_d(v['minus_respo'])} | {reading} |")
         lines.append(f"| {arm} - VESPO | {_d(v['minus_vespo'])} | {'beats VESPO: confirm on seeds 5-9' if v['beats_vespo'] else ''} |")
     if "H1" in r:
         h = r["H1"]
-        lines.append(f"| vespo_pos1 - VESPO | {_d(h['vespo_pos1_minus_vespo'])} | H1 supported: {h['supported']}"
+        lines.append(f"| vespo_pos1 - VESPO | {_d(h['vespo_pos1_minus_vespo'])} | H1: {_verdict(h['supported'])}"
                      f"{'; VESPO positive branch contributes' if h['vespo_positive_branch_contributes'] else ''} |")
     if "H2" in r:
-        lines.append(f"| (H2) | | supported: {r['H2']['supported']} |")
+        lines.append(f"| (H2) | | H2: {_verdict(r['H2']['supported'])} |")
     if "H3" in r:
         h = r["H3"]
         e = h["whole_groups_effect"]
         ci = "" if not e["ci"] else f" [{e['ci'][0]:+.1f}, {e['ci'][1]:+.1f}]"
         lines += [f"| respo_groups - vespo_groups | {_d(h['respo_minus_vespo_groups'])} | |",
-                  f"| gap change, groups - rows | {_d(h['gap_change'])} | H3 supported: {h['supported']} |",
+                  f"| gap change, groups - rows | {_d(h['gap_change'])} | H3: {_verdict(h['supported'])} |",
                   (f"| whole groups - rows, pooled over dapo, VESPO, ReSPO | {e['n']} differences: **"
                    f"{'n/a' if e['mean'] is None else format(e['mean'], '+.1f')}**{ci} | default under N: "
                    f"{ {True: 'on', False: 'off'}.get(h['default_whole_groups_under_N'], 'n/a') } |")]  # fmt: skip
     if "H4" in r:
         h = r["H4"]
         lines += [f"| on-policy - VESPO, late mean | {_d(h['late_minus_vespo'])} | |",
-                  f"| on-policy - VESPO, at equal policy age | {_d(h['aligned_minus_vespo'])} | {h['reading']} |"]
+                  f"| on-policy - VESPO, at equal policy age | {_d(h['aligned_minus_vespo'])} | {h['reading'] or 'not read yet'} |"]
     if summary["unpaired"]:
         lines += ["", "Not paired (excluded): " + "; ".join(f"{k}: {v}" for k, v in summary["unpaired"].items())]
     return "\n".join(lines)
