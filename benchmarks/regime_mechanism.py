@@ -484,14 +484,16 @@ def plot(summary: dict, path: Path) -> Path:
         if d.get("mean") is None:
             continue
         ax.scatter([i] * len(d["per_seed"]), list(d["per_seed"].values()), s=14, color="tab:gray")
-        if d.get("ci"):
+        if d.get("ci") and len(d["per_seed"]) >= 3:  # a 1-degree-of-freedom interval would only flatten the panel
             ax.errorbar([i + 0.15], [d["mean"]], yerr=[[d["mean"] - d["ci"][0]], [d["ci"][1] - d["mean"]]], fmt="k_",
                         capsize=4)  # fmt: skip
+        elif len(d["per_seed"]) > 1:
+            ax.scatter([i + 0.15], [d["mean"]], marker="_", s=120, color="k")
     ax.axhline(0, color="gray", lw=0.8)
     for y in (-MARGIN, MARGIN):
         ax.axhline(y, color="tab:red", lw=0.8, ls="--")
     ax.set_xticks(range(len(items)), [label for label, _ in items], rotation=35, ha="right", fontsize=7)
-    ax.set(ylabel="points of the late-mean score", title="Paired by seed; bars: mean and 95% interval")
+    ax.set(ylabel="points of the late-mean score", title="Paired by seed; bars: mean and 95% interval (3+ seeds)")
     fig.suptitle(f"Why VESPO leads at N = 32 ({summary['setting']}): docs/benchmarks.md 5.5")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
