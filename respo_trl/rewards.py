@@ -260,14 +260,14 @@ def find_boxed_answer(text: str) -> str | None:
     return boxes[-1] if boxes else None
 
 
-# Held-out accuracy is measured with these; GRADED_BY says how each grades, for the model card.
-ACCURACY_REWARDS = ("accuracy", "reasoning_accuracy", "integer_accuracy", "last_integer_accuracy")
+# The rewards held-out accuracy is measured with, and how each grades (for the model card).
 GRADED_BY = {
     "accuracy": "math-verify",
     "reasoning_accuracy": "math-verify on the text after </think>",
     "integer_accuracy": "the integer in the first \\boxed{} equals the answer",
     "last_integer_accuracy": "the last number of the answer equals the answer",
 }
+ACCURACY_REWARDS = tuple(GRADED_BY)
 
 __all__ = [
     "ACCURACY_REWARDS",
