@@ -241,7 +241,11 @@ def readings(arms: dict[str, list[dict]], stored: dict[str, list[dict]], ages=AG
     # H2
     if "respo_eqmove" in variants:
         reading = variants["respo_eqmove"]["reading"]
-        out["H2"] = {"supported": None if reading == "incomplete" else reading == "closes the gap"}
+        moved, vespo_moved = scores_of(arms["respo_eqmove"], "cycle_kl"), scores_of(stored.get("vespo", []), "cycle_kl")
+        out["H2"] = {"supported": None if reading == "incomplete" else reading == "closes the gap",
+                     # 5.5: the movement actually matched, seed by seed (the lr is fitted on seed 1 only)
+                     "movement_ratio_to_vespo": {s: moved[s] / vespo_moved[s] for s in sorted(moved)
+                                                 if vespo_moved.get(s)}}  # fmt: skip
     # H3
     if all(arms.get(a) for a in ("respo_groups", "vespo_groups")):
         rg, vg = scores_of(arms["respo_groups"]), scores_of(arms["vespo_groups"])
@@ -415,7 +419,9 @@ def markdown(summary: dict) -> str:
         lines.append(f"| vespo_pos1 - VESPO | {_d(h['vespo_pos1_minus_vespo'])} | H1: {_verdict(h['supported'])}"
                      f"{'; VESPO positive branch contributes' if h['vespo_positive_branch_contributes'] else ''} |")
     if "H2" in r:
-        lines.append(f"| (H2) | | H2: {_verdict(r['H2']['supported'])} |")
+        ratios = " / ".join(f"{v:.2f}" for v in r["H2"]["movement_ratio_to_vespo"].values()) or "n/a"
+        lines.append(f"| (H2) KL after 24-31 updates, respo_eqmove / VESPO | {ratios} | "
+                     f"H2: {_verdict(r['H2']['supported'])} |")
     if "H3" in r:
         h = r["H3"]
         e = h["whole_groups_effect"]

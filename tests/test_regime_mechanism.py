@@ -106,6 +106,21 @@ def test_each_hypothesis_is_read_by_its_rule(mech):
     assert mech.readings(arms, stored)["H4"]["reading"] == "neither"
 
 
+def test_h2_reads_equal_movement_and_reports_the_movement_it_reached(mech):
+    """H2 is supported only if ReSPO at the fitted lr closes the gap; the lr is fitted on seed 1, so the movement it
+    actually reached against VESPO is reported for every seed (5.5)."""
+    stored = {"respo": [{**r, "cycle_kl": 0.020} for r in STORED["respo"]],
+              "vespo": [{**r, "cycle_kl": k} for r, k in zip(STORED["vespo"], (0.010, 0.007, 0.007, 0.008))]}
+    slower = [{**r, "cycle_kl": k} for r, k in zip(scores([0.37, 0.64, 0.60, 0.58], "respo_eqmove"),
+                                                  (0.014, 0.014, 0.0105, 0.008))]  # fmt: skip
+    h2 = mech.readings({"respo_eqmove": slower}, stored)["H2"]
+    assert h2["supported"] is False  # +1-2 points over ReSPO on every seed, ~8 below VESPO
+    assert list(h2["movement_ratio_to_vespo"].values()) == pytest.approx([1.4, 2.0, 1.5, 1.0])
+    closes = [{**r, "late_mean": v} for r, v in zip(slower, (0.48, 0.71, 0.61, 0.66))]
+    assert mech.readings({"respo_eqmove": closes}, stored)["H2"]["supported"] is True
+    assert mech.readings({"respo_eqmove": closes[:3]}, stored)["H2"]["supported"] is None  # 3 seeds: not read
+
+
 def test_age_aligned_score_takes_the_batches_of_the_late_policy_ages(mech):
     r = run("onpolicy", 3, n=1, updates=256)
     for h in r["history"]:
