@@ -44,6 +44,7 @@ def test_movement_is_measured_over_a_cycle_after_warm_up_and_by_staleness(mech):
     assert kl["cycle"] == pytest.approx(0.001 * sum(range(24, 32)) / 8)  # k = 24-31
     assert regime.kl_by_staleness(r)[10] == pytest.approx(0.010) and 0 not in regime.kl_by_staleness(r)
     assert regime.pos_neg_weight_ratio(r) == pytest.approx(2.0)
+    assert mech.run_row(r)["cycle_kl_mean"] == pytest.approx(0.001 * 16)  # k = 1-31 of the steady cycles: mean 16
     assert regime.per_update_kl(run("onpolicy", 1, n=1))["cycle"] is None  # nothing is stale under N = 1
 
 
