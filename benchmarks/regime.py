@@ -485,6 +485,9 @@ def run_all(args, specs: list[dict], runs_dir: Path) -> dict[str, dict]:
             for spec in next_runs(queue, ready, args.workers - sum(k == "run" for k, _ in pending.values())):
                 queue.remove(spec)
                 pending[pool.submit(run_one, spec)] = ("run", spec["name"])
+                # a run is 20-60 minutes of silence here: say where its progress bar is
+                print(f"  started {spec['name']}: progress in {Path(spec['logs_dir'], spec['name'] + '.log')}",
+                      flush=True)  # fmt: skip
 
         finished, total = 0, len(todo)
         while pending:

@@ -177,6 +177,7 @@ def test_smoke_run_pairs_with_a_stored_comparison_and_resumes(tmp_path):
     assert first.returncode == 0, first.stderr[-2000:]
     summary = json.loads((out / "mechanism.json").read_text())
     assert summary["unpaired"] == {}  # same warm start as the stored runs: the pairing check passes
+    assert f"started respo_groups-N{summary['arms']['respo_groups'][0]['N']}-seed1: progress in {work}" in first.stdout
     assert {"respo_groups", "respo_search"} <= set(summary["arms"])
     assert summary["h2_search"]["lr"] is not None and "respo_eqmove" in summary["arms"]  # H2 ran after its search
     assert (out / "mechanism.png").is_file()
