@@ -255,13 +255,14 @@ def readings(arms: dict[str, list[dict]], stored: dict[str, list[dict]], ages=AG
         gap_groups = regime.paired(rg, vg)
         seeds = sorted(set(rg) & set(vg) & set(respo) & set(vespo))
         change = regime.paired({s: rg[s] - vg[s] for s in seeds}, {s: respo[s] - vespo[s] for s in seeds})
-        effects = []
+        effects, per_kernel = [], {}
         for arm in ("dapo", "vespo", "respo"):
             ours, theirs = scores_of(arms.get(f"{arm}_groups", [])), scores_of(stored.get(arm, []))
             effects += [100 * (ours[s] - theirs[s]) for s in sorted(set(ours) & set(theirs))]
+            per_kernel[arm] = regime.paired(ours, theirs)  # what whole groups do to each kernel (reported, not read)
         pooled = pooled_interval(effects)
         out["H3"] = {
-            "respo_minus_vespo_groups": gap_groups, "gap_change": change,
+            "respo_minus_vespo_groups": gap_groups, "gap_change": change, "groups_minus_rows": per_kernel,
             "supported": None if change["ci"] is None or len(change["seeds"]) < needed
             else bool(gap_groups["mean"] >= -MARGIN and change["ci"][0] > 0),
             "whole_groups_effect": pooled,
@@ -431,6 +432,7 @@ def markdown(summary: dict) -> str:
         h = r["H3"]
         e = h["whole_groups_effect"]
         ci = "" if not e["ci"] else f" [{e['ci'][0]:+.1f}, {e['ci'][1]:+.1f}]"
+        lines += [f"| {arm}_groups - {arm} (rows, 5.3) | {_d(d)} | |" for arm, d in h["groups_minus_rows"].items()]
         lines += [f"| respo_groups - vespo_groups | {_d(h['respo_minus_vespo_groups'])} | |",
                   f"| gap change, groups - rows | {_d(h['gap_change'])} | H3: {_verdict(h['supported'])} |",
                   (f"| whole groups - rows, pooled over dapo, VESPO, ReSPO | {e['n']} differences: **"

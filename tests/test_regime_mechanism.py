@@ -96,6 +96,8 @@ def test_each_hypothesis_is_read_by_its_rule(mech):
     assert r["H3"]["supported"] and r["H3"]["gap_change"]["mean"] == pytest.approx(10.0)
     effect = r["H3"]["whole_groups_effect"]
     assert effect["n"] == 12 and effect["mean"] == pytest.approx((40 - 12) / 12)
+    by_kernel = {arm: d["mean"] for arm, d in r["H3"]["groups_minus_rows"].items()}
+    assert by_kernel == pytest.approx({"dapo": -3.0, "vespo": 0.0, "respo": 10.0})  # each kernel against its own rows
     assert r["H3"]["default_whole_groups_under_N"] is False  # ReSPO gains, dapo loses: the pooled interval spans 0
     arms["dapo_groups"] = scores([0.314, 0.568, 0.538, 0.524], "dapo_groups")
     assert mech.readings(arms, stored)["H3"]["default_whole_groups_under_N"] is True  # +10 / 0 / 0: above 0
