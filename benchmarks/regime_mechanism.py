@@ -493,7 +493,8 @@ def plot(summary: dict, path: Path) -> Path:
         items.append(("gap change (groups)", r["H3"]["gap_change"]))
         items += [(f"{arm}: groups - rows", d) for arm, d in r["H3"]["groups_minus_rows"].items()]
         pooled = [v for d in r["H3"]["groups_minus_rows"].values() for v in d.get("per_seed", {}).values()]
-        items.append(("groups - rows, pooled", {**r["H3"]["whole_groups_effect"], "per_seed": dict(enumerate(pooled))}))
+        effect = {**r["H3"]["whole_groups_effect"], "per_seed": dict(enumerate(pooled))}  # the default's evidence
+        items.append(("groups - rows, pooled", effect))
     if "H4" in r:
         items += [("on-policy - VESPO", r["H4"]["late_minus_vespo"]), ("same, equal age", r["H4"]["aligned_minus_vespo"])]
     for i, (label, d) in enumerate(items):
