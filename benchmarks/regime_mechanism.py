@@ -218,7 +218,7 @@ def variant_reading(variant: dict[int, float], respo: dict[int, float], vespo: d
 
 def pooled_interval(values: list[float]) -> dict:
     """Mean and 95% t interval of differences already in points (the pooled whole-groups effect)."""
-    out = {"n": len(values), "mean": statistics.fmean(values) if values else None, "ci": None}
+    out = {"n": len(values), "mean": statistics.fmean(values) if values else None, "ci": None, "values": values}
     if len(values) > 1:
         half = regime.t_quantile(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
         out["ci"] = [out["mean"] - half, out["mean"] + half]
@@ -255,12 +255,10 @@ def readings(arms: dict[str, list[dict]], stored: dict[str, list[dict]], ages=AG
         gap_groups = regime.paired(rg, vg)
         seeds = sorted(set(rg) & set(vg) & set(respo) & set(vespo))
         change = regime.paired({s: rg[s] - vg[s] for s in seeds}, {s: respo[s] - vespo[s] for s in seeds})
-        effects, per_kernel = [], {}
-        for arm in ("dapo", "vespo", "respo"):
-            ours, theirs = scores_of(arms.get(f"{arm}_groups", [])), scores_of(stored.get(arm, []))
-            effects += [100 * (ours[s] - theirs[s]) for s in sorted(set(ours) & set(theirs))]
-            per_kernel[arm] = regime.paired(ours, theirs)  # what whole groups do to each kernel (reported, not read)
-        pooled = pooled_interval(effects)
+        # what whole groups do to each kernel (reported, not read), and pooled over the three (the default's rule)
+        per_kernel = {arm: regime.paired(scores_of(arms.get(f"{arm}_groups", [])), scores_of(stored.get(arm, [])))
+                      for arm in ("dapo", "vespo", "respo")}  # fmt: skip
+        pooled = pooled_interval([v for d in per_kernel.values() for v in d["per_seed"].values()])
         out["H3"] = {
             "respo_minus_vespo_groups": gap_groups, "gap_change": change, "groups_minus_rows": per_kernel,
             "supported": None if change["ci"] is None or len(change["seeds"]) < needed
@@ -492,9 +490,8 @@ def plot(summary: dict, path: Path) -> Path:
     if "H3" in r:
         items.append(("gap change (groups)", r["H3"]["gap_change"]))
         items += [(f"{arm}: groups - rows", d) for arm, d in r["H3"]["groups_minus_rows"].items()]
-        pooled = [v for d in r["H3"]["groups_minus_rows"].values() for v in d.get("per_seed", {}).values()]
-        effect = {**r["H3"]["whole_groups_effect"], "per_seed": dict(enumerate(pooled))}  # the default's evidence
-        items.append(("groups - rows, pooled", effect))
+        effect = r["H3"]["whole_groups_effect"]  # the default's evidence: its 12 differences, one dot each
+        items.append(("groups - rows, pooled", {**effect, "per_seed": dict(enumerate(effect["values"]))}))
     if "H4" in r:
         items += [("on-policy - VESPO", r["H4"]["late_minus_vespo"]), ("same, equal age", r["H4"]["aligned_minus_vespo"])]
     for i, (label, d) in enumerate(items):
