@@ -11,8 +11,13 @@ completion works left to right, one partial result per step, then boxes the answ
     prompt:      47-8+25
     completion:  47-8=39,39+25=64 \\boxed{64}
 
-The split is by the expression string itself (a CRC32 hash bucket), so the train and held-out sets are disjoint by
-construction, for any seed and any size, on every process.
+The split is by a CRC32 hash bucket, so the sets are disjoint by construction, for any seed and any size, on every
+process. By default the bucket is the expression string's (train/test, as the demo has always split). With
+``split_by="canonical"`` it is the problem's canonical form (its multiset of signed terms: ``7+7+1``, ``1+7+7`` and
+``7+1+7`` are one problem), and ``validation_fraction`` carves a third set out of the training buckets: train,
+validation and test then share no problem, not even a commuted or re-ordered twin (:func:`check_disjoint`). The
+pretrained-model study needs that (docs/benchmarks.md, section 8): a held-out ``b+a`` whose ``a+b`` was trained on is
+not held out.
 
 The same generator builds the benchmark task of the paper's regime (docs/benchmarks.md, section 5): long ``+`` chains
 (16-20 single-digit terms, ~17 steps of work), a teacher that forgets some carries, and *nuisance*: with
@@ -30,7 +35,8 @@ import random
 import zlib
 from dataclasses import dataclass
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "validation", "test")
+SPLIT_BY = ("expression", "canonical")
 # The teacher's free choices under `nuisance=True`: none of them changes the boxed answer (math-verify grades that).
 NUISANCE_SEPARATORS = (",", ";", " ", "|")
 NUISANCE_NOTE = "!"
@@ -46,6 +52,9 @@ class ArithmeticTask:
     max_terms: int = 4
     max_operand: int = 99
     test_fraction: float = 0.1  # share of the expression space reserved for the held-out split (hash buckets)
+    validation_fraction: float = 0.0  # share reserved for the validation split (0: no validation split)
+    split_by: str = "expression"  # what the hash bucket is taken of: the expression, or its canonical form
+    min_operand: int = 0  # operands are drawn from min_operand..max_operand
     scratchpad: bool = True  # reference completions show the partial results before the boxed answer
     operators: str = "+-"  # operators drawn between operands ("+" for addition chains)
     # Probability that the *reference* completion forgets a carry (keeps the tens digit of the previous partial sum) on
@@ -63,10 +72,15 @@ class ArithmeticTask:
     def __post_init__(self):
         if not 2 <= self.min_terms <= self.max_terms:
             raise ValueError(f"need 2 <= min_terms <= max_terms, got {self.min_terms}, {self.max_terms}")
-        if self.max_operand < 1:
-            raise ValueError(f"max_operand must be >= 1, got {self.max_operand}")
+        if not 0 <= self.min_operand <= self.max_operand or self.max_operand < 1:
+            raise ValueError(f"need 0 <= min_operand <= max_operand and max_operand >= 1, got "
+                             f"{self.min_operand}, {self.max_operand}")  # fmt: skip
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        if not 0.0 <= self.validation_fraction < 1.0 - self.test_fraction:
+            raise ValueError(f"validation_fraction must be in [0, 1 - test_fraction), got {self.validation_fraction}")
+        if self.split_by not in SPLIT_BY:
+            raise ValueError(f"split_by must be one of {SPLIT_BY}, got {self.split_by!r}")
         if not 0.0 <= self.teacher_error_rate <= 1.0:
             raise ValueError(f"teacher_error_rate must be in [0, 1], got {self.teacher_error_rate}")
         if not self.operators or set(self.operators) - set("+-"):
@@ -90,6 +104,9 @@ class ArithmeticTask:
         return cls(
             min_terms=get("task_min_terms", 3), max_terms=get("task_max_terms", 5),
             max_operand=get("task_max_operand", 9), operators=get("task_operators", "+-"),
+            min_operand=get("task_min_operand", 0) or 0, split_by=get("task_split_by", "expression") or "expression",
+            validation_fraction=get("task_validation_fraction", 0.0) or 0.0,
+            test_fraction=get("task_test_fraction", 0.1) or 0.1,
             scratchpad=get("task_scratchpad", True), teacher_error_rate=get("task_teacher_error_rate", 0.0) or 0.0,
             nuisance=bool(get("task_nuisance", False)), nuisance_swap=bool(get("task_nuisance_swap", True)),
         )  # fmt: skip
@@ -97,15 +114,21 @@ class ArithmeticTask:
     # -- one problem ---------------------------------------------------------------------------------------------
 
     def split_of(self, expression: str) -> str:
-        """``"test"`` for the hash buckets reserved to the held-out split, ``"train"`` otherwise."""
-        bucket = zlib.crc32(expression.encode()) % 10_000
-        return "test" if bucket < self.test_fraction * 10_000 else "train"
+        """The split whose hash buckets hold ``expression`` (its canonical form's, with ``split_by="canonical"``):
+        ``"test"`` for the first ``test_fraction`` of buckets, ``"validation"`` for the next ``validation_fraction``,
+        ``"train"`` for the rest. With ``validation_fraction=0`` the test buckets are the demo's as they always were."""
+        key = canonical(expression) if self.split_by == "canonical" else expression
+        bucket = zlib.crc32(key.encode()) % 10_000
+        if bucket < self.test_fraction * 10_000:
+            return "test"
+        return "validation" if bucket < (self.test_fraction + self.validation_fraction) * 10_000 else "train"
 
     def sample_expression(self, rng: random.Random) -> str:
         terms = rng.randint(self.min_terms, self.max_terms)
-        expression = str(rng.randint(0, self.max_operand))
+        draw = lambda: str(rng.randint(self.min_operand, self.max_operand))  # noqa: E731
+        expression = draw()
         for _ in range(terms - 1):
-            expression += rng.choice(self.operators) + str(rng.randint(0, self.max_operand))
+            expression += rng.choice(self.operators) + draw()
         return expression
 
     @staticmethod
@@ -179,10 +202,15 @@ class ArithmeticTask:
 
     # -- datasets --------------------------------------------------------------------------------------------------
 
-    def expressions(self, split: str, n: int, seed: int) -> list[str]:
-        """``n`` distinct expressions of ``split``, deterministic in ``seed``."""
+    def expressions(self, split: str, n: int | None, seed: int) -> list[str]:
+        """``n`` distinct expressions of ``split``, deterministic in ``seed``; ``n=None``: every expression of the
+        split (small spaces only), in an order fixed by ``seed``."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if split == "validation" and not self.validation_fraction:
+            raise ValueError("this task has no validation split: set validation_fraction (--task_validation_fraction)")
+        if n is None:
+            return self._every_expression(split, seed)
         rng = random.Random(f"{split}-{seed}")
         out, seen = [], set()
         attempts = 0
@@ -197,7 +225,24 @@ class ArithmeticTask:
             out.append(expression)
         return out
 
-    def rows(self, split: str, n: int, seed: int) -> dict[str, list]:
+    def _every_expression(self, split: str, seed: int) -> list[str]:
+        import itertools
+
+        operands = range(self.min_operand, self.max_operand + 1)
+        size = sum((len(operands) * len(self.operators)) ** t for t in range(self.min_terms, self.max_terms + 1))
+        if size > 1_000_000:
+            raise ValueError(f"the task's space holds ~{size:,} expressions: ask for a number of them (n)")
+        out = []
+        for terms in range(self.min_terms, self.max_terms + 1):
+            for values in itertools.product(operands, repeat=terms):
+                for ops in itertools.product(self.operators, repeat=terms - 1):
+                    expression = str(values[0]) + "".join(o + str(v) for o, v in zip(ops, values[1:]))
+                    if self.split_of(expression) == split:
+                        out.append(expression)
+        random.Random(f"{split}-{seed}").shuffle(out)
+        return out
+
+    def rows(self, split: str, n: int | None, seed: int) -> dict[str, list]:
         """Columns for ``datasets.Dataset.from_dict``: a conversational ``prompt``, ``solution`` and ``completion``."""
         expressions = self.expressions(split, n, seed)
         teacher = random.Random(f"teacher-{split}-{seed}")
@@ -228,6 +273,35 @@ class ArithmeticTask:
             for prompt, answer in zip(rows["prompt"], rows["solution"]):
                 f.write(json.dumps({"problem": prompt[-1]["content"], "answer": answer}) + "\n")
         return n
+
+
+def canonical(expression: str) -> str:
+    """The problem an expression poses, whatever the order of its terms: its signed terms sorted (``7+7+1``,
+    ``1+7+7`` -> ``+1+7+7``; ``47-8+25`` and ``25-8+47`` -> ``+25+47-8``). Two expressions with one canonical form are
+    twins: the same sum, re-ordered."""
+    terms, sign, number = [], "+", ""
+    for char in expression.replace(" ", ""):
+        if char in "+-" and number:
+            terms.append(f"{sign}{int(number)}")
+            sign, number = char, ""
+        else:
+            number += char
+    terms.append(f"{sign}{int(number)}")
+    return "".join(sorted(terms))
+
+
+def check_disjoint(splits: dict[str, list[str]]) -> None:
+    """Stop, in one line, if two of the named problem lists share a problem or a re-ordered twin of one."""
+    seen: dict[str, tuple[str, str]] = {}
+    for name, expressions in splits.items():
+        for expression in expressions:
+            key = canonical(expression)
+            other = seen.setdefault(key, (name, expression))
+            if other[0] != name:
+                raise ValueError(
+                    f"split overlap: {other[0]} has {other[1]!r} and {name} has {expression!r}, the same problem "
+                    f"re-ordered ({key}); split by canonical form (--task_split_by canonical)"
+                )
 
 
 def main(argv=None) -> None:

@@ -119,14 +119,38 @@ class RecipeArguments:
         default=None, metadata={"help": "Keep only the first N training rows (smoke tests)."}
     )
     # -- built-in task -----------------------------------------------------------------------------------------------
-    train_size: int = field(default=20000, metadata={"help": "Built-in task: number of distinct training problems."})
+    train_size: int | None = field(
+        default=20000,
+        metadata={"help": "Built-in task: number of distinct training problems (None: every problem of the split)."},
+    )
     heldout_size: int | None = field(
         default=500,
-        metadata={"help": "Held-out problems (built-in task: generated; Hub eval set: first N rows, None = all)."},
+        metadata={"help": "Held-out problems (built-in task: generated; Hub eval set: first N rows; None = all)."},
+    )
+    heldout_split: str = field(
+        default="test",
+        metadata={
+            "help": "Built-in task: the split the held-out evaluation reads. 'validation' (needs "
+            "task_validation_fraction) is where settings are chosen; 'test' is scored once, never to choose.",
+            "choices": ["validation", "test"],
+        },
     )
     task_min_terms: int = field(default=3, metadata={"help": "Built-in task: fewest operands per problem."})
     task_max_terms: int = field(default=5, metadata={"help": "Built-in task: most operands per problem."})
     task_max_operand: int = field(default=9, metadata={"help": "Built-in task: operands are drawn from 0..N."})
+    task_min_operand: int = field(default=0, metadata={"help": "Built-in task: the smallest operand."})
+    task_split_by: str = field(
+        default="expression",
+        metadata={
+            "help": "Built-in task: what the train/validation/test hash split is taken of. 'canonical': the problem's "
+            "signed terms sorted, so no split holds a re-ordered twin (b+a for a+b) of another's problem.",
+            "choices": ["expression", "canonical"],
+        },
+    )
+    task_test_fraction: float = field(default=0.1, metadata={"help": "Built-in task: share of problems held out for test."})
+    task_validation_fraction: float = field(
+        default=0.0, metadata={"help": "Built-in task: share of problems held out for validation (0: none)."}
+    )
     task_operators: str = field(
         default="+-", metadata={"help": "Built-in task: operators between operands ('+-' or '+')."}
     )
@@ -245,6 +269,15 @@ class RecipeArguments:
     )
     heldout_curve_size: int | None = field(
         default=None, metadata={"help": "Held-out problems used for the in-training points (None = all)."}
+    )
+    save_at_steps: list[int] = field(
+        default_factory=list,
+        metadata={
+            "help": "Also save a complete checkpoint after each of these optimizer steps, besides save_strategy's (a "
+            "policy a given number of updates after a rollout batch was sampled: the staleness probe of "
+            "benchmarks/smollm2_staleness.py).",
+            "nargs": "+",
+        },
     )
     keep_best_heldout: bool = field(
         default=False,

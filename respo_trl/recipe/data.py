@@ -101,11 +101,17 @@ def build_datasets(script_args: RecipeArguments):
     if "{problem}" not in template:
         raise RecipeError(f"prompt_template {template!r} has no {{problem}} placeholder")
     if script_args.dataset_name.startswith(BUILTIN_PREFIX):
-        from respo_trl.demo.tasks import ArithmeticTask
+        from respo_trl.demo.tasks import ArithmeticTask, check_disjoint
 
         task = ArithmeticTask.from_settings(script_args)
-        train = task.rows("train", script_args.train_size, seed=script_args.task_seed)
-        heldout = task.rows("test", script_args.heldout_size or 500, seed=script_args.task_seed)
+        try:
+            train = task.rows("train", script_args.train_size, seed=script_args.task_seed)
+            heldout = task.rows(script_args.heldout_split, script_args.heldout_size, seed=script_args.task_seed)
+            if task.split_by == "canonical":  # the split's promise, checked on what the run will see
+                problems = lambda rows: [p[-1]["content"] for p in rows["prompt"]]  # noqa: E731
+                check_disjoint({"train": problems(train), script_args.heldout_split: problems(heldout)})
+        except ValueError as error:
+            raise RecipeError(str(error)) from error
         for rows in (train, heldout):  # the task's one user turn is the problem: the template and system turn apply
             rows["prompt"] = [to_conversation(p[-1]["content"], system, template) for p in rows["prompt"]]
         train, heldout = Dataset.from_dict(train), Dataset.from_dict(heldout)

@@ -149,9 +149,10 @@ def best_checkpoint_accuracy(trainer, best: dict, best_dir: str, final_dir: str,
     }
 
 
-def make_callbacks(report, heldout: HeldoutEvaluator):
-    """A compact progress bar and, when ``heldout.every`` > 0, a held-out accuracy point every that many steps,
-    recorded in the run's report (:class:`~respo_trl.recipe.report.RunReport`) as it is measured."""
+def make_callbacks(report, heldout: HeldoutEvaluator, save_at_steps=()):
+    """A compact progress bar; when ``heldout.every`` > 0, a held-out accuracy point every that many steps, recorded in
+    the run's report (:class:`~respo_trl.recipe.report.RunReport`) as it is measured; a checkpoint after each of
+    ``save_at_steps`` besides the save strategy's."""
     from tqdm.auto import tqdm
     from transformers import TrainerCallback
 
@@ -192,7 +193,14 @@ def make_callbacks(report, heldout: HeldoutEvaluator):
             if every and state.global_step % every == 0 and state.global_step < state.max_steps:
                 report.add_point(heldout.curve_point(state.global_step))
 
-    return [CompactProgress(), HeldoutCurve()]
+    class SaveAt(TrainerCallback):
+        """The Trainer's own save (weights, optimizer, rollout buffer: resumable) after the listed steps."""
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step in save_at_steps:
+                control.should_save = True
+
+    return [CompactProgress(), HeldoutCurve(), *([SaveAt()] if save_at_steps else [])]
 
 
 def print_summary(report: dict) -> None:
