@@ -33,6 +33,17 @@ FORMAT_VERSION = 1
 VERSION_KEY = "rollout_step"  # (B,) int64: optimizer step at which each rollout was sampled
 
 
+# Everything that decides which rows a resumed batch serves, and the setting each comes from: a mismatch would serve
+# some rollouts twice and others never, silently (the group order of the first pass and every reshuffle is seeded).
+RESUME_FIELDS = {
+    "reuse": "num_iterations (R)",
+    "steps_per_generation": "steps_per_generation (N x gradient_accumulation_steps)",
+    "num_processes": "the number of processes",
+    "group_size": "respo_whole_groups (with num_generations)",
+    "seed": "seed",
+    "reshuffle": "respo_reshuffle",
+}
+
 TRAINER_STATE = "trainer_state.json"  # transformers writes it last into a checkpoint: its presence marks completion
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -299,13 +310,13 @@ class RolloutBuffer:
         missing = set(meta["tensor_keys"]) - set(tensors)
         if missing:
             raise ValueError(f"{tensor_path} is corrupt: tensors {sorted(missing)} listed in {meta_path} are missing")
-        for name in ("reuse", "steps_per_generation", "num_processes", "group_size"):
+        for name, setting in RESUME_FIELDS.items():
             # files before 0.2 had one process; before 0.4 rows were always the unit of the shuffle
             saved = meta.get(name, {"num_processes": 1, "group_size": None}.get(name))
             if saved != getattr(self, name):
                 raise ValueError(
-                    f"{meta_path} was saved with {name}={saved} but this run has {name}={getattr(self, name)}; "
-                    "resume with the same setting."
+                    f"{meta_path} was saved with {name}={saved} but this run has {name}={getattr(self, name)}; resume "
+                    f"with {setting} as it was ({name}={saved}): it decides which rollouts the rest of the batch serves"
                 )
         self.generation_index = meta["generation_index"]
         self.generated_tokens = meta["generated_tokens"]

@@ -297,6 +297,26 @@ def test_resume_with_a_partial_buffer_is_an_error_not_a_resample(make_trainer, t
         resumed._prepare_inputs([])
 
 
+def test_resume_with_another_seed_or_shuffle_is_refused_naming_the_field(make_trainer, tmp_path):
+    """Catches: a resume under another --seed (or respo_reshuffle) accepted; with whole groups the first pass's group
+    order is seeded, so the rest of the batch would serve some groups twice and others never, silently."""
+    setup = dict(respo_updates_per_rollout=4, respo_whole_groups=True, num_generations=2, max_steps=2,
+                 per_device_train_batch_size=4, gradient_accumulation_steps=1, save_strategy="steps", save_steps=2)
+    make_trainer(**setup, seed=0, output_dir=str(tmp_path / "run")).train()
+    checkpoint = str(tmp_path / "run" / "checkpoint-2")
+    other_seed = make_trainer(**{**setup, "max_steps": 4}, seed=1, output_dir=str(tmp_path / "run"))
+    with pytest.raises(ValueError, match=r"saved with seed=0 but this run has seed=1; resume with seed as it was"):
+        other_seed.train(resume_from_checkpoint=checkpoint)
+    same_seed = make_trainer(**{**setup, "max_steps": 4}, seed=0, output_dir=str(tmp_path / "run"))
+    same_seed.train(resume_from_checkpoint=checkpoint)
+    assert same_seed.state.global_step == 4
+    buffer = RolloutBuffer(reuse=2, steps_per_generation=2, reshuffle=True)
+    buffer.store(toy_batch(), version=0)
+    buffer.save(str(tmp_path / "shuffle"), rank=0)
+    with pytest.raises(ValueError, match="reshuffle=True but this run has reshuffle=False; resume with respo_reshuffle"):
+        RolloutBuffer(reuse=2, steps_per_generation=2, reshuffle=False).load(str(tmp_path / "shuffle"), rank=0)
+
+
 def test_buffer_saved_by_another_number_of_processes_is_refused(tmp_path):
     buffer = RolloutBuffer(reuse=2, steps_per_generation=2, num_processes=4)
     buffer.store(toy_batch(), version=0)
