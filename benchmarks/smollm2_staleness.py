@@ -142,12 +142,9 @@ def evaluate(model, tokenizer, rows: dict, samples: int, seed: int, profile: boo
     from respo_trl.demo.warmstart import sampling_profile
     from respo_trl.rewards import last_integer_accuracy_reward
 
-    def grade(texts, answers):
-        return last_integer_accuracy_reward([[{"content": t}] for t in texts], answers)
-
     result = sampling_profile(model, tokenizer, rows["prompt"], rows["solution"], max_new_tokens=MAX_TOKENS,
                               samples_per_prompt=samples, temperature=TEMPERATURE, batch_size=32, seed=seed,
-                              reward_fn=grade)  # fmt: skip
+                              reward_fn=last_integer_accuracy_reward)  # fmt: skip
     result.pop("per_prompt_accuracy", None)
     return result
 
