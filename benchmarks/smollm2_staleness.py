@@ -478,6 +478,175 @@ def write_gate(args, specs: list[dict]) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# The comparison (pre-registered in docs/benchmarks/smollm2_staleness.md before its first run)
+# ---------------------------------------------------------------------------------------------------------------------
+
+# (a, b): the paired difference a - b, per seed, on both scores. The rule: a claim holds at >= MARGIN points with the
+# 95% paired t interval (n - 1 df) above 0; "reversed" is the mirror image; anything else shows no difference.
+COMPARISONS = (("respo", "dapo"), ("respo", "vespo"), ("respo_negvespo", "respo"), ("respo_negvespo", "vespo"),
+               ("respo", "onpolicy"), ("vespo", "dapo"))  # fmt: skip
+MARGIN = 3.0
+SCORES = ("late_mean", "test")
+
+
+def read_gate(args) -> dict:
+    path = Path(args.out, "gate.json")
+    if not path.exists():
+        raise SystemExit(f"the gate has not been read ({path} is missing): run the gate stage first")
+    gate = json.loads(path.read_text())
+    if not gate["passed"]:
+        raise SystemExit("the gate did not pass: no setting is in the paper's regime here, so nothing is compared "
+                         f"(docs/benchmarks/smollm2_staleness.md; {path})")  # fmt: skip
+    return gate
+
+
+def compare_specs(args, template: str, gate: dict, arms=ARMS, seeds=None) -> list[dict]:
+    """Seed-major for the four main arms (a partial result pairs), then the variant's seeds: the arm to drop if the
+    budget runs out runs last."""
+    seeds = seeds or (SMOKE["seeds"] if args.smoke else SEEDS)
+    n, lr = gate["chosen"]["N"], gate["chosen"]["lr"]
+    updates = SMOKE["updates"] if args.smoke else UPDATES
+    order = [(a, s) for s in seeds for a in arms if a != "respo_negvespo"]
+    order += [("respo_negvespo", s) for s in seeds if "respo_negvespo" in arms]
+    specs = []
+    for arm, seed in order:
+        loss = LOSS["dapo"] if arm == "onpolicy" else LOSS[arm]  # N = 1: W = 1, every kernel is the plain gradient
+        arm_n = 1 if arm == "onpolicy" else n
+        specs.append({**common_spec(args, template), "name": f"{arm}_s{seed}", "kind": arm, "stage": "compare",
+                      "arm": arm, "lr": lr, "N": arm_n, "seed": seed, "updates": updates, "save_at": [],
+                      "evaluate": "test", "argv": [*common_spec(args, template)["argv"], *loss]})  # fmt: skip
+    return specs
+
+
+def compare_stage(args) -> dict:
+    gate = read_gate(args)
+    specs = compare_specs(args, chosen_template(args), gate, arms=args.arms or ARMS, seeds=args.seeds)
+    run_all(args, specs, Path(args.out, "arms"))
+    return write_summary(args)
+
+
+def run_row(run: dict) -> dict:
+    """One run's numbers for the tables: both scores, the diagnostics the issue asks for, cost."""
+    n = run["N"]
+    stale_end = [h for h in run["history"] if h.get("reuse/staleness_mean", 0) >= n - max(1, n // 4)] if n > 1 else []
+    pooled, end = _pooled(run["history"]), _pooled(stale_end) if stale_end else None
+    return {
+        "seed": run["seed"], "late_mean": late_mean(run), "test": run.get("test", {}).get("accuracy"),
+        "test_mean_length": run.get("test", {}).get("mean_length"),
+        "low_w_share": pooled["share"] if pooled["n"] else None, "low_w_n_pos": pooled["n"],
+        "low_w_share_stale_end": end["share"] if end and end["n"] else None,
+        "cycle_kl": per_update_kl(run)["cycle"] if n > 1 else None, "pos_neg_ratio": pos_neg_weight_ratio(run),
+        "generated_tokens": run["generated_tokens"], "wall_s": run["wall_s"], "train_s": run["train_s"],
+        "resumed_from_step": run.get("resumed_from_step"),
+    }  # fmt: skip
+
+
+def rule_reading(diff: dict) -> str:
+    if diff["ci"] is None:
+        return "not read (fewer than 2 paired seeds)"
+    if diff["mean"] >= MARGIN and diff["ci"][0] > 0:
+        return "holds"
+    if diff["mean"] <= -MARGIN and diff["ci"][1] < 0:
+        return "reversed"
+    return "no difference shown"
+
+
+def summarize(runs: dict[str, dict], gate: dict | None) -> dict:
+    arms: dict[str, dict] = {}
+    for run in runs.values():
+        arms.setdefault(run["arm"], {"N": run["N"], "lr": run["lr"], "per_seed": {}})["per_seed"][run["seed"]] = run_row(run)
+    comparisons = {}
+    for a, b in COMPARISONS:
+        if a not in arms or b not in arms:
+            continue
+        entry = {}
+        for score in SCORES:
+            scores = lambda arm: {s: r[score] for s, r in arms[arm]["per_seed"].items() if r[score] is not None}  # noqa: E731
+            diff = paired(scores(a), scores(b))
+            entry[score] = {**diff, "reading": rule_reading(diff)}
+        comparisons[f"{a} - {b}"] = entry
+    return {"gate": gate, "updates": next(iter(runs.values()))["updates"] if runs else None, "arms": arms,
+            "comparisons": comparisons, "rule": {"margin_points": MARGIN, "confidence": 0.95, "seeds": list(SEEDS)}}  # fmt: skip
+
+
+def write_summary(args) -> dict:
+    runs = load_runs(Path(args.out, "arms"))
+    gate = json.loads(Path(args.out, "gate.json").read_text()) if Path(args.out, "gate.json").exists() else None
+    summary = summarize(runs, gate)
+    Path(args.out, "smollm2_staleness.json").write_text(json.dumps(summary, indent=1, default=str))
+    if runs:
+        plot(summary, runs, Path(args.out, "smollm2_staleness.png"))
+    print(markdown(summary))
+    return summary
+
+
+COLORS = {"dapo": "tab:blue", "vespo": "tab:green", "respo": "tab:red", "respo_negvespo": "tab:orange",
+          "onpolicy": "tab:gray"}  # fmt: skip
+
+
+def plot(summary: dict, runs: dict[str, dict], path: Path) -> Path:
+    """Training reward against updates and against generated tokens (a line per seed, the arm's mean thick), and the
+    test accuracy at the end per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    for arm in ARMS:
+        seeds = [r for r in runs.values() if r["arm"] == arm]
+        for run in seeds:
+            points = [(h["step"], h["reward"], h.get("reuse/generated_tokens")) for h in run["history"] if "reward" in h]
+            axes[0].plot([p[0] for p in points], [100 * p[1] for p in points], color=COLORS[arm], alpha=0.3, lw=1)
+            axes[1].plot([p[2] for p in points], [100 * p[1] for p in points], color=COLORS[arm], alpha=0.3, lw=1)
+        if seeds:
+            rows = summary["arms"][arm]["per_seed"]
+            tests = [100 * r["test"] for r in rows.values() if r["test"] is not None]
+            axes[2].scatter([ARMS.index(arm)] * len(tests), tests, color=COLORS[arm], label=arm)
+            if tests:
+                axes[2].hlines(statistics.fmean(tests), ARMS.index(arm) - 0.3, ARMS.index(arm) + 0.3, color=COLORS[arm])
+            axes[0].plot([], [], color=COLORS[arm], label=f"{arm} (N={summary['arms'][arm]['N']}, {len(seeds)} seeds)")
+    axes[0].set(xlabel="policy update", ylabel="training reward (% right, per rollout batch)", title="against updates")
+    axes[1].set(xlabel="generated tokens", ylabel="training reward (%)", title="against generated tokens")
+    axes[2].set(xticks=range(len(ARMS)), xticklabels=ARMS, ylabel="test accuracy at the end (%, avg@2)",
+                title="test split, scored once per run")  # fmt: skip
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _pct(x, digits=1):
+    return "n/a" if x is None else f"{100 * x:.{digits}f}"
+
+
+def markdown(summary: dict) -> str:
+    lines = ["Per seed (late-mean training reward / test accuracy, %):", "",
+             "| arm | N | " + " | ".join(f"seed {s}" for s in SEEDS) + " | mean |", "|---" * (len(SEEDS) + 3) + "|"]
+    for arm in ARMS:
+        if arm not in summary["arms"]:
+            continue
+        rows = summary["arms"][arm]["per_seed"]
+        cells = [f"{_pct(rows[s]['late_mean'])} / {_pct(rows[s]['test'])}" if s in rows else "-" for s in SEEDS]
+        mean = lambda k: statistics.fmean([r[k] for r in rows.values() if r[k] is not None] or [math.nan])  # noqa: E731
+        lines.append(f"| {arm} | {summary['arms'][arm]['N']} | " + " | ".join(cells) +
+                     f" | {_pct(mean('late_mean'))} / {_pct(mean('test'))} |")  # fmt: skip
+    lines += ["", "Paired differences (points, 95% t interval), the rule's reading:", "",
+              "| comparison | late-mean reward | test accuracy |", "|---|---|---|"]
+    for name, entry in summary["comparisons"].items():
+        cells = []
+        for score in SCORES:
+            d = entry[score]
+            if d["ci"] is None:
+                cells.append("n/a")
+            else:
+                cells.append(f"{d['mean']:+.1f} [{d['ci'][0]:+.1f}, {d['ci'][1]:+.1f}] ({len(d['seeds'])} seeds): {d['reading']}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------------------------------
 
@@ -490,6 +659,8 @@ def parse(argv=None):
     parser.add_argument("--work", default=None, help="checkpoints and logs (default: OUT/../smollm2_staleness-work)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="a few updates on a few problems (the tests)")
+    parser.add_argument("--arms", nargs="+", choices=ARMS, help="compare: a slice of the arms (default: all)")
+    parser.add_argument("--seeds", nargs="+", type=int, help="compare: a slice of the seeds (default: all)")
     args = parser.parse_args(argv)
     args.work = args.work or str(Path(args.out).parent / (Path(args.out).name + "-work"))
     return args
@@ -497,14 +668,17 @@ def parse(argv=None):
 
 def main(argv=None):
     args = parse(argv)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
+    for folder in (args.out, args.work):
+        Path(folder).mkdir(parents=True, exist_ok=True)
     if args.stage == "prompts":
         return prompts_stage(args)
     if args.stage == "gate":
         return gate_stage(args)
     if args.stage == "gate-read":
         return write_gate(args, gate_specs(args, chosen_template(args)))
-    raise SystemExit(f"stage {args.stage!r} is not built yet")
+    if args.stage == "compare":
+        return compare_stage(args)
+    return write_summary(args)
 
 
 if __name__ == "__main__":
