@@ -45,6 +45,50 @@ def test_splits_are_disjoint_deterministic_and_distinct():
     assert 0.07 < sum(task.split_of(e) == "test" for e in sample) / 5000 < 0.13
 
 
+def test_canonical_split_keeps_every_reordered_twin_in_one_split():
+    """The pretrained-model study's split (docs/benchmarks/smollm2_staleness.md): train, validation and test share no
+    problem and no re-ordered twin of one. Catches: a split by the expression string (b+a held out, a+b trained)."""
+    from respo_trl.demo.tasks import canonical, check_disjoint
+
+    assert canonical("7+7+1") == canonical("1+7+7") == canonical("7+1+7") != canonical("7+7+2")
+    assert canonical("47-8+25") == canonical("25-8+47") != canonical("8-47+25")  # the sign goes with its term
+    task = ArithmeticTask(min_terms=3, max_terms=3, min_operand=1, max_operand=9, operators="+", scratchpad=False,
+                          split_by="canonical", validation_fraction=0.2, test_fraction=0.2)  # fmt: skip
+    splits = {name: task.expressions(name, None, seed=0) for name in ("train", "validation", "test")}
+    assert sum(len(v) for v in splits.values()) == 9**3  # every ordered problem, each in exactly one split
+    forms = {name: {canonical(e) for e in v} for name, v in splits.items()}
+    assert not (forms["train"] & forms["validation"] or forms["train"] & forms["test"] or forms["validation"] & forms["test"])
+    assert all(100 <= len(v) <= 200 for name, v in splits.items() if name != "train")  # ~20% each of 729
+    check_disjoint(splits)
+    by_expression = ArithmeticTask(min_terms=3, max_terms=3, min_operand=1, max_operand=9, operators="+",
+                                   validation_fraction=0.2, test_fraction=0.2)  # fmt: skip
+    leaky = {name: by_expression.expressions(name, None, seed=0) for name in ("train", "test")}
+    with pytest.raises(ValueError, match=r"^split overlap: train has '.*' and test has '.*', the same problem re-ordered"):
+        check_disjoint(leaky)
+    # without a validation split, the test buckets are the ones the demo always had
+    demo, three_way = ArithmeticTask(), ArithmeticTask(validation_fraction=0.3)
+    rng = random.Random(0)
+    for expression in (demo.sample_expression(rng) for _ in range(2000)):
+        assert (demo.split_of(expression) == "test") == (three_way.split_of(expression) == "test")
+    with pytest.raises(ValueError, match="no validation split"):
+        demo.expressions("validation", 10, seed=0)
+    assert all(int(x) >= 1 for e in splits["test"] for x in e.split("+"))  # min_operand
+
+
+def test_a_recipe_split_with_overlapping_problems_stops_in_one_line():
+    from respo_trl.recipe import RecipeError, build_datasets, parse_args
+
+    argv = ["--tiny_model", "dense", "--task_min_terms", "3", "--task_max_terms", "3", "--task_max_operand", "9",
+            "--task_operators", "+", "--task_min_operand", "1", "--train_size", "None", "--heldout_size", "None",
+            "--task_validation_fraction", "0.2", "--task_test_fraction", "0.2", "--heldout_split", "validation"]  # fmt: skip
+    canonical_args, _, _ = parse_args([*argv, "--task_split_by", "canonical"])
+    train, heldout = build_datasets(canonical_args)
+    assert len(train) + len(heldout) < 729 and len(heldout) > 100  # every training and validation problem
+    expression_args, _, _ = parse_args(argv)  # split by the expression string: twins straddle the splits
+    with pytest.raises(RecipeError, match=r"^split overlap: train has .* and validation has .*re-ordered"):
+        build_datasets(expression_args)
+
+
 def test_small_space_raises_instead_of_looping():
     with pytest.raises(ValueError, match="too small"):
         ArithmeticTask(min_terms=2, max_terms=2, max_operand=3).expressions("train", 10_000, seed=0)

@@ -107,7 +107,9 @@ def build_datasets(script_args: RecipeArguments):
         try:
             train = task.rows("train", script_args.train_size, seed=script_args.task_seed)
             heldout = task.rows(script_args.heldout_split, script_args.heldout_size, seed=script_args.task_seed)
-            if task.split_by == "canonical":  # the split's promise, checked on what the run will see
+            # a split made to choose settings on (validation) or promised clean (canonical) is checked on what the
+            # run will see: a held-out b+a whose a+b is trained on is not held out
+            if task.split_by == "canonical" or task.validation_fraction:
                 problems = lambda rows: [p[-1]["content"] for p in rows["prompt"]]  # noqa: E731
                 check_disjoint({"train": problems(train), script_args.heldout_split: problems(heldout)})
         except ValueError as error:
