@@ -412,8 +412,10 @@ def respo_coefficients(
        dropped, never turned into a large negative log-weight.
     2. ``log W_i = clamp(l_i, -20, 20)`` over the kept tokens (:func:`sequence_log_weight`): the raw sequence ratio,
        as in the paper (no length normalisation).
-    3. ``phi_i`` from :func:`respo_kernel` with the branch of each advantage (per token if advantages are (B, T));
-       a branch set to "vespo" takes VESPO's gamma kernel instead (:func:`two_branch_phi`).
+    3. ``phi_i`` from :func:`respo_kernel` with the branch of each advantage (per token if advantages are (B, T)).
+       A branch set to "vespo" is TRL's VESPO coefficient exactly (:func:`vespo_phi`, on every token of ``mask``):
+       VESPO floors a masked token's sampler ratio at 1e-8 instead of dropping it, so one masked token takes the
+       whole sequence's weight to ~0 there, and only then does an ablation arm differ from VESPO by one branch.
     4. With ``params.respo_trust_mask``, tokens clipped PPO would stop in their advantage's direction get 0
        (:func:`directional_trust_mask`); ``phi`` itself is unchanged.
     """
@@ -424,6 +426,11 @@ def respo_coefficients(
         log_w_t = log_w.unsqueeze(-1).expand(-1, a.shape[-1])
         phi = two_branch_phi(log_w_t, a.float(), params)  # (B, 1) or (B, T)
         coef = phi * kept.float()
+        kinds = (params.respo_pos_branch, params.respo_neg_branch)
+        if "vespo" in kinds:
+            gamma = vespo_phi(log_ratio, a, mask, params, sampler_ratio) * mask.float()
+            use_gamma = torch.where(a >= 0, kinds[0] == "vespo", kinds[1] == "vespo")
+            coef = torch.where(use_gamma, gamma.to(coef.dtype), coef)
         if params.respo_trust_mask:
             coef = coef * directional_trust_mask(log_ratio, advantages, kept, *params.trust_bounds())
         return coef

@@ -236,19 +236,31 @@ def test_nonfinite_inputs_are_masked_not_propagated(make_trainer, tokenizer, tin
     assert_same_grads(grads, grads_rest)
 
 
-def test_respo_with_both_branches_vespo_trains_exactly_as_trls_vespo(make_trainer, tokenizer):
-    """The branch option reuses TRL's VESPO weight, off-policy, through the real trainer: so an ablation arm that
-    swaps one branch differs from ReSPO (or VESPO) by that branch only. Catches constants read from the wrong
-    config fields and a coefficient that is not VESPO's on either sign."""
+@pytest.mark.parametrize("sampler", [None, "token_truncate", "token_mask"])
+def test_respo_with_both_branches_vespo_trains_exactly_as_trls_vespo(make_trainer, tokenizer, sampler):
+    """The branch option reuses TRL's VESPO weight, off-policy, through the real trainer, against TRL's own
+    ``GRPOTrainer(loss_type="vespo")``: so an ablation arm that swaps one branch differs from ReSPO (or VESPO) by that
+    branch only, in every sampler-correction mode VESPO accepts. Catches constants read from the wrong config fields,
+    a coefficient that is not VESPO's on either sign, and a token the sampler masked (ratio 0) dropped from ``W`` as
+    ReSPO does, where VESPO floors its ratio at 1e-8 and so gives the whole sequence a weight near 0."""
+    from trl import GRPOConfig, GRPOTrainer
+
     from respo_trl.demo.tiny import tiny_qwen3
 
     model = tiny_qwen3(tokenizer)
     both = prepare(make_trainer(model=model, respo_pos_branch="vespo", respo_neg_branch="vespo"))
-    vespo = prepare(make_trainer(model=copy.deepcopy(model), loss_type="vespo"))
+    vespo = prepare(make_trainer(model=copy.deepcopy(model), loss_type="vespo", config_cls=GRPOConfig,
+                                 trainer_cls=GRPOTrainer))  # fmt: skip
     respo = prepare(make_trainer(model=copy.deepcopy(model)))
     inputs = make_batch(tokenizer, seed=3)
     gen = torch.Generator().manual_seed(9)
     inputs["old_per_token_logps"] = current_logps(both, inputs) + 0.3 * torch.randn(8, 7, generator=gen)
+    if sampler is not None:  # what TRL's vLLM correction leaves in the batch: truncated ratios, and 0 where masked
+        ratio = torch.empty(8, 7).uniform_(0.5, 1.5, generator=gen)
+        ratio = torch.where(inputs["completion_mask"].bool(), ratio, 1.0)  # padding: exp(0), as TRL computes it
+        if sampler == "token_mask":
+            ratio[2, 1] = ratio[5, 0] = 0.0
+        inputs["importance_sampling_ratio"] = ratio
     loss_b, grads_b = loss_and_grads(both, inputs)
     loss_v, grads_v = loss_and_grads(vespo, inputs)
     _, grads_r = loss_and_grads(respo, inputs)
