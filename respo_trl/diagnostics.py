@@ -51,6 +51,25 @@ Tensor = torch.Tensor
 
 STARVED_BELOW = 0.1  # a sequence is "starved" when its mean coefficient is below this
 LOW_WEIGHT_LOG_W = -1.0  # the paper's positive-branch diagnostic looks at positives with log W < -1
+# On fresh rollouts (staleness 0) with TRL's vLLM sampler correction on, ``log W`` is only the engine's rounding against
+# the trainer's. Above this standard deviation that noise moves ReSPO's coefficient of a fresh response by ~20% or more
+# (phi+(e^-0.5) = 1.19, phi-(e^-0.5) = 1.24, against 1 on-policy). Measured on SmolLM2-135M (docs/benchmarks.md,
+# section 7): a bf16 engine against a float32 trainer reaches 0.46 at 256 tokens and 1.8 at 2,048; a float32 engine
+# stays at 0.009 over 128 tokens.
+SAMPLER_GAP_STD = 0.5
+
+
+def sampler_gap_warning(log_weight_std: float) -> str | None:
+    """The one-line alarm for a fresh step whose ``offpolicy/log_weight/std`` says the sampler gap, not policy
+    movement, is moving ``W`` (None below :data:`SAMPLER_GAP_STD` or when the std is undefined)."""
+    if not math.isfinite(log_weight_std) or log_weight_std <= SAMPLER_GAP_STD:
+        return None
+    return (
+        f"offpolicy/log_weight/std is {log_weight_std:.2f} on fresh rollouts (staleness 0, above {SAMPLER_GAP_STD}): "
+        "the vLLM engine's rounding against the trainer's, not policy movement, is moving the sequence weight W of "
+        "responses nobody has trained on yet (docs/benchmarks.md, section 7). Set vllm_importance_sampling_correction: "
+        "false (the paper's runs: W is then 1 on fresh rollouts) and, on a GPU, cast_lm_head_to_fp32: true."
+    )
 
 # Columns of the per-sequence table returned by `sequence_stats`.
 COLUMNS = (

@@ -35,11 +35,27 @@ from .buffer import (
     last_complete_checkpoint,
 )
 from .config import ReSPOConfig, describe_kernel, respo_notes
-from .diagnostics import COLUMNS, LOW_WEIGHT_PREFIX, LOW_WEIGHT_SUMS, pooled_low_weight, sequence_stats, summarize
+from .diagnostics import (
+    COLUMNS,
+    LOW_WEIGHT_PREFIX,
+    LOW_WEIGHT_SUMS,
+    pooled_low_weight,
+    sampler_gap_warning,
+    sequence_stats,
+    summarize,
+)
 from .hub.card import RESPO_CITATION, TRAINER_TAGS, write_trainer_card
 from .hub.push import hub_failure
 from .integrations.vllm import check_colocated_weight_sync
-from .kernels import LossParams, fold_sampler_ratio, kish_ess, registered_loss_for, respo_coefficients, sequence_log_weight
+from .kernels import (
+    FOLDS_SAMPLER_RATIO,
+    LossParams,
+    fold_sampler_ratio,
+    kish_ess,
+    registered_loss_for,
+    respo_coefficients,
+    sequence_log_weight,
+)
 from .routing_replay_hooks import RoutingReplayMixin
 
 logger = get_logger(__name__)
@@ -143,6 +159,7 @@ class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
         self._tokens_at_step_start = 0
         self._step_passes: list[tuple[int, int]] = []  # (generation index, pass) of each micro-batch of this step
         self._fresh_grad_norm = (None, None)  # (generation index, grad_norm of its fresh pass)
+        self._sampler_gap_warned = False  # the sampler-gap alarm fires once per run
         if args.respo_routing_replay:  # MoE Routing Replay (R3): respo_trl/routing_replay.py
             self.routing_replay = self.attach_routing_replay(self)
 
@@ -382,6 +399,19 @@ class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
             self._metrics[mode][key].append(value)
         if mode == "train":
             self._log_reuse_metrics(inputs, mode, staleness)
+            self._check_sampler_gap(inputs, staleness, metrics["offpolicy/log_weight/std"])
+
+    def _check_sampler_gap(self, inputs, staleness, log_weight_std: float) -> None:
+        """Once per run: on a step where every row is fresh and TRL's sampler correction enters a sequence weight
+        (ReSPO, VESPO), warn when the spread of ``log W`` says the engine's rounding is what moves it."""
+        if self._sampler_gap_warned or self._loss_name not in FOLDS_SAMPLER_RATIO:
+            return
+        if self._sampler_ratio(inputs) is None or staleness.numel() == 0 or staleness.max().item() > 0:
+            return
+        warning = sampler_gap_warning(log_weight_std)
+        if warning is not None:
+            logger.warning(warning, main_process_only=True)
+            self._sampler_gap_warned = True
 
     def _log_reuse_metrics(self, inputs, mode, staleness=None) -> None:
         if staleness is None:  # diagnostics off: gather the staleness alone

@@ -267,3 +267,40 @@ def test_respo_with_both_branches_vespo_trains_exactly_as_trls_vespo(make_traine
     assert loss_b.item() == pytest.approx(loss_v.item(), rel=1e-5)
     assert_same_grads(grads_b, grads_v)
     assert any(not torch.allclose(grads_r[n], grads_v[n], rtol=1e-3) for n in grads_v)  # the kernels do differ here
+
+
+def test_the_sampler_gap_alarm_fires_once_on_fresh_rollouts_and_stays_quiet_below_its_threshold(
+    make_trainer, tokenizer, caplog
+):
+    """With TRL's vLLM correction on, ``log W`` of a fresh rollout is the engine's rounding only (docs/benchmarks.md,
+    section 7): past ``SAMPLER_GAP_STD`` the trainer says what to set, once. Catches an alarm that never fires, fires
+    on stale steps (where policy movement is the point of W), fires without the correction, or fires every step."""
+    import logging
+
+    from respo_trl.diagnostics import SAMPLER_GAP_STD
+
+    trainer = prepare(make_trainer())
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True  # a fake engine: only its ratios are read
+    inputs = make_batch(tokenizer, seed=4)
+    inputs["old_per_token_logps"] = current_logps(trainer, inputs)  # fresh: pi_theta = pi_old
+    gen = torch.Generator().manual_seed(0)
+
+    def step(token_sd, staleness=0, correction=True):
+        trainer.vllm_importance_sampling_correction = correction
+        noise = token_sd * torch.randn(8, 7, generator=gen)
+        ratio = torch.where(inputs["completion_mask"].bool(), noise.exp(), 1.0)
+        batch = dict(inputs, importance_sampling_ratio=ratio, rollout_step=torch.full((8,), -staleness))
+        with caplog.at_level(logging.WARNING, logger="respo_trl.trainer"):
+            caplog.clear()
+            trainer._compute_loss(trainer.model, batch)
+        return [r.getMessage() for r in caplog.records if "offpolicy/log_weight/std is" in r.getMessage()]
+
+    assert step(0.01) == []  # a float32-like engine: std ~0.03
+    assert trainer._metrics["train"]["offpolicy/log_weight/std"][-1] < SAMPLER_GAP_STD
+    assert step(1.0, staleness=1) == []  # stale rows: W is meant to move
+    assert step(1.0, correction=False) == []  # no correction, no sampler ratio in W
+    loud = step(1.0)
+    assert trainer._metrics["train"]["offpolicy/log_weight/std"][-1] > SAMPLER_GAP_STD
+    assert len(loud) == 1 and "vllm_importance_sampling_correction: false" in loud[0]
+    assert "cast_lm_head_to_fp32: true" in loud[0] and "\n" not in loud[0]
+    assert step(1.0) == []  # once per run
