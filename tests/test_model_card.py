@@ -261,6 +261,31 @@ def test_baseline_card_names_the_trl_loss(make_trainer, tmp_path):
     assert "### Training run" not in card
 
 
+def test_a_card_says_when_the_kernel_is_an_ablation_not_the_papers(tmp_path):
+    """Catches: a checkpoint trained with VESPO's negative branch and whole groups described as "the paper's
+    constants" with ReSPO's formula for both signs, the branches and whole groups missing from the table (0.4)."""
+    from respo_trl import ReSPOConfig
+    from respo_trl.hub.card import config_fields, render_card
+
+    def card_of(**fields):
+        args = config_fields(ReSPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, **fields))
+        return str(render_card(output_dir=tmp_path, model_name="m", args=args, log_history=[], citation=""))
+
+    ablation = card_of(respo_neg_branch="vespo", respo_whole_groups=True)
+    procedure = section(ablation, "Training procedure")
+    assert "the paper's constants" not in procedure
+    assert "VESPO's gamma kernel `W^k * exp(lambda * (1 - W))` at `(k, lambda) = (3.0, 2.0)` for negative" in procedure
+    assert "`(alpha, beta, lambda) = (2.0, 0.5, 2.0)` for positive advantages" in procedure
+    assert "This is an ablation, not the paper's method:** the negative branch is VESPO's kernel" in procedure
+    assert "whole GRPO groups" in procedure
+    for row in ("| `respo_neg_branch` | vespo |", "| `respo_pos_branch` | respo |", "| `respo_whole_groups` | True |"):
+        assert row in procedure, row
+    paper = section(card_of(), "Training procedure")
+    assert "(the paper's constants)" in paper and "ablation" not in paper and "whole GRPO groups" not in paper
+    tuned = section(card_of(respo_beta_pos=0.0), "Training procedure")
+    assert "the paper's constants" not in tuned and "the kernel constants are not the paper's" in tuned
+
+
 def test_weights_fingerprint_tracks_contents(tmp_path):
     assert weights_fingerprint(tmp_path) is None
     (tmp_path / "model.safetensors").write_bytes(b"abc")

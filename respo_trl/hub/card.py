@@ -68,7 +68,10 @@ HYPERPARAMETERS = (
     ("respo_alpha_neg", "respo"),
     ("respo_beta_neg", "respo"),
     ("respo_lambda_neg", "respo"),
+    ("respo_pos_branch", "respo"),
+    ("respo_neg_branch", "respo"),
     ("respo_trust_mask", "respo"),
+    ("respo_whole_groups", None),
     ("respo_updates_per_rollout", None),
     ("respo_reuse", None),
     ("respo_reshuffle", None),
@@ -317,6 +320,24 @@ def config_fields(config) -> dict:
     }
 
 
+def paper_method(args: dict) -> bool:
+    """Both branches the paper's kernel at the paper's six constants: only then does a card say "the paper's"."""
+    branches = (args.get("respo_pos_branch", "respo"), args.get("respo_neg_branch", "respo"))
+    constants = all(args.get(key) == RESPO_DEFAULTS[arg] for key, arg in CONSTANT_KEYS.items())
+    return branches == ("respo", "respo") and constants
+
+
+def ablation_note(args: dict) -> str | None:
+    """What makes a ReSPO run an ablation of the paper's method, in words (None for the paper's method)."""
+    if args.get("loss_type", "respo") != "respo":
+        return None
+    parts = [f"the {sign} branch is VESPO's kernel" for sign, key in (("positive", "respo_pos_branch"),
+             ("negative", "respo_neg_branch")) if args.get(key, "respo") == "vespo"]  # fmt: skip
+    if not all(args.get(key) == RESPO_DEFAULTS[arg] for key, arg in CONSTANT_KEYS.items()):
+        parts.append("the kernel constants are not the paper's")
+    return "; ".join(parts) or None
+
+
 def hyperparameters(args: dict) -> list[tuple[str, str]]:
     loss = args.get("loss_type", "respo")
     rows = []
@@ -444,7 +465,12 @@ def render_card(
         alpha_neg=args.get("respo_alpha_neg"),
         beta_neg=args.get("respo_beta_neg"),
         lambda_neg=args.get("respo_lambda_neg"),
-        paper_constants=all(args.get(key) == RESPO_DEFAULTS[arg] for key, arg in CONSTANT_KEYS.items()),
+        pos_branch=args.get("respo_pos_branch", "respo"),
+        neg_branch=args.get("respo_neg_branch", "respo"),
+        **{key: args.get(key) for key in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")},
+        paper_constants=paper_method(args),
+        ablation=ablation_note(args),
+        whole_groups=bool(args.get("respo_whole_groups")),
         trust_mask=bool(args.get("respo_trust_mask_active")),
         reuse=args.get("respo_reuse", args.get("num_iterations", 1)),
         updates_per_rollout=updates_per_rollout(args),
