@@ -51,6 +51,14 @@ Bypass mode (``algorithm.rollout_correction.bypass_mode=True``, the default of v
     driver attaches it, and on Ray workers the launcher's ``+...policy_loss.rollout_correction=${algorithm.
     rollout_correction}`` does (a worker's config is fixed when it starts).
 
+verl's V1 trainer (``trainer.use_v1=true``, ``main_ppo``'s default in 0.9.1)
+    Never calls ``apply_bypass_mode``: in bypass mode it copies the rollout's log-probs into ``old_log_probs`` and
+    leaves ``loss_mode`` alone, so ``W = pi_theta / pi_rollout`` as above; in decoupled mode (its default) it
+    recomputes them with the trainer's weights at the step's start (``separate_async``: restored from a CPU snapshot
+    for every mini-batch), so ``W`` is measured against those weights, plus the sampler weight when
+    ``rollout_is`` is set. Rejection in bypass mode again relies on the launcher's ``rollout_correction`` override
+    (V1 never attaches it). ``tests/verl_integration/test_v1_trainers.py``; docs/verl.md.
+
 Metrics
     verl's actor loss averages a policy loss's metrics over micro-batches and data-parallel ranks with equal weights,
     so a ratio computed inside a micro-batch (a mean over its positives, say) is biased whenever micro-batches differ

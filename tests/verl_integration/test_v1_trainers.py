@@ -27,7 +27,7 @@ import math
 import subprocess
 
 import pytest
-from _verl_helpers import ROOT, VERL_SKIP_REASON
+from _verl_helpers import ROOT, VERL_SKIP_REASON, respo_overrides
 
 pytest.importorskip("verl", reason=VERL_SKIP_REASON)
 
@@ -56,7 +56,8 @@ def v1_mode_overrides(mode, n_updates):
     if mode == "separate_async":  # rollout on GPUs of its own; weights pushed every parameter_sync_step updates
         return ["trainer.v1.trainer_mode=separate_async", f"trainer.v1.separate_async.parameter_sync_step={n_updates}",
                 "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.nnodes=1",
-                "actor_rollout_ref.rollout.n_gpus_per_node=4", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"]
+                "actor_rollout_ref.rollout.n_gpus_per_node=4",
+                "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"]
     return [f"trainer.v1.trainer_mode={mode}"]
 
 
@@ -93,6 +94,11 @@ def build_trainer(mode, *extra):
 
 # --------------------------------------------------------------------------------------------------------------------
 # Stand-ins for what needs GPUs and Ray
+
+
+def metric_value(metric):
+    """A number from verl's ``Metric`` wrapper (``ppo_loss`` wraps the loss's metrics) or a plain float."""
+    return float(metric.aggregate() if hasattr(metric, "aggregate") else metric)
 
 
 def _nested(rows):
@@ -158,7 +164,8 @@ class FakeActorWorkerGroup:
     verl's ``ppo_loss``), and ``DetachActorWorker``'s CPU snapshot API used by ``separate_async``."""
 
     def __init__(self, tq, policy, row_of, prompt_len, actor_config):
-        self.tq, self.policy, self.row_of, self.prompt_len, self.actor_config = tq, policy, row_of, prompt_len, actor_config
+        self.tq, self.policy, self.row_of, self.prompt_len = tq, policy, row_of, prompt_len
+        self.actor_config = actor_config
         self.version = 0
         self.snapshots: dict[int, int] = {}
         self.calls: list[tuple] = []
@@ -209,13 +216,11 @@ class FakeActorWorkerGroup:
                 "version": self.version, "keys": list(keys), "grads": [g.detach() for g in grads],
                 "old": [self.tq.rows[k]["old_log_probs"].double() for k in keys],
                 "advantages": [self.tq.rows[k]["advantages"].double() for k in keys],
-                "is_weights": [self.tq.rows[k]["rollout_is_weights"].double() if "rollout_is_weights" in self.tq.rows[k]
-                               else None for k in keys],
+                "is_weights": [self.tq.rows[k]["rollout_is_weights"].double()
+                               if "rollout_is_weights" in self.tq.rows[k] else None for k in keys],
                 "n_tokens": n_tokens, "metrics": metrics,
             })
-            phi_means.append(float(metrics["respo/phi_mean"].aggregate() if hasattr(metrics["respo/phi_mean"],
-                                                                                     "aggregate")
-                                   else metrics["respo/phi_mean"]))
+            phi_means.append(metric_value(metrics["respo/phi_mean"]))
             self.version += 1  # one optimizer step per mini-batch (ppo_epochs=1)
         return {"metrics": {"mfu": [0.0], "respo/phi_mean": phi_means}}
 
@@ -270,7 +275,8 @@ def run_v1(mode, monkeypatch, *extra, steps=STEPS):
             reward = torch.zeros(n)
             reward[-1] = float(torch.rand(1, generator=g) > 0.5) + s * 0.5  # the two responses of a prompt differ
             tq.rows[key] = {"uid": torch.tensor(int(uid)), "prompts": torch.ones(prompt_len, dtype=torch.long),
-                            "responses": torch.ones(n, dtype=torch.long), "response_mask": torch.ones(n, dtype=torch.long),
+                            "responses": torch.ones(n, dtype=torch.long),
+                            "response_mask": torch.ones(n, dtype=torch.long),
                             "rm_scores": reward, "rollout_log_probs": policy.rollout_logp(row).float()}
             keys.append(key)
         prompt_keys.append(keys)
@@ -304,6 +310,7 @@ def closed_form_phi(log_w, advantage):
 def check_gradients(wg, policy, reference):
     """(b) and (c): every update's gradient is ReSPO's, ``-phi(W) A / #tokens``, with ``log W`` the sum over the
     response of ``log pi_theta - log reference`` (+ the log of verl's sampler weight when it sent one, once)."""
+    signs = set()
     for update in wg.updates:
         for key, grad, old, adv, is_w in zip(update["keys"], update["grads"], update["old"], update["advantages"],
                                             update["is_weights"], strict=True):
@@ -315,6 +322,8 @@ def check_gradients(wg, policy, reference):
                 log_w = log_w + torch.log(is_w[0])  # sequence level: one weight, broadcast to every token
             phi = closed_form_phi(log_w, float(adv[0]))
             torch.testing.assert_close(grad, -phi * adv / update["n_tokens"], rtol=1e-6, atol=1e-10)
+            signs.add(math.copysign(1.0, float(adv[0])))
+    assert signs == {-1.0, 1.0}  # both of ReSPO's branches were exercised
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -339,6 +348,9 @@ def test_v1_decoupled_old_log_probs_are_the_trainers_weights_at_the_step_start(m
     assert trainer.replay_buffer.requests == expected_requests
     assert trainer.parameter_sync_step == (N if mode == "separate_async" else 1)
     if mode == "separate_async":  # restored snapshot 0 (the step's first weights) for mini-batches 1..N-1
+        from verl.experimental.separation.engine_workers import DetachActorWorker  # the worker the fake stands in for
+
+        assert all(hasattr(DetachActorWorker, name) for name in ("save_model_to_cpu", "restore_model_from_cpu"))
         restores = [c for c in wg.calls if c[0] == "restore" and c[1] == 0]
         assert [c[2] for c in restores] == [s * N for s in range(STEPS) for _ in range(N - 1)]
 
@@ -348,8 +360,7 @@ def test_v1_decoupled_old_log_probs_are_the_trainers_weights_at_the_step_start(m
     check_gradients(wg, policy, step_start)
     versions = [u["version"] % N for u in wg.updates]
     assert versions == list(range(N)) * STEPS  # staleness k = 0..N-1 within each step, W = 1 only at k = 0
-    phis = [float(m["respo/phi_mean"].aggregate()) if hasattr(m["respo/phi_mean"], "aggregate")
-            else float(m["respo/phi_mean"]) for m in (u["metrics"] for u in wg.updates)]
+    phis = [metric_value(update["metrics"]["respo/phi_mean"]) for update in wg.updates]
     assert any(abs(p - 1.0) > 1e-3 for p in phis)  # ReSPO reweights the stale updates
 
 
@@ -396,13 +407,21 @@ def test_v1_bypass_rejection_sampling_reaches_respo_through_the_launchers_interp
 
     rs = ["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_rs=token_k1",
           "algorithm.rollout_correction.rollout_rs_threshold=0.7_1.4"]
+    from verl.utils.config import omega_conf_to_dataclass
+
+    # the premise: without the launcher's interpolation a worker's policy-loss config says decoupled (its default)
+    plain = omega_conf_to_dataclass(compose(respo_overrides(*rs)).actor_rollout_ref.actor).policy_loss
+    assert plain.rollout_correction.bypass_mode is False and plain.rollout_correction.rollout_rs is None
+
     trainer, wg, policy = run_v1("sync", monkeypatch, *rs, steps=1)
+    assert wg.actor_config.policy_loss.rollout_correction["rollout_rs"] == "token_k1"
     rejected = kept = 0
     for update in wg.updates:
         for key, grad, old in zip(update["keys"], update["grads"], update["old"], strict=True):
             current = policy.logp(wg.row_of[key], update["version"]).double()
             _, keep, _ = compute_rollout_correction_and_rejection_mask(
-                old_log_prob=current[None], rollout_log_prob=old[None], response_mask=torch.ones_like(old)[None].bool(),
+                old_log_prob=current[None], rollout_log_prob=old[None],
+                response_mask=torch.ones_like(old)[None].bool(),
                 rollout_is=None, rollout_rs="token_k1", rollout_rs_threshold="0.7_1.4")
             keep = keep[0].bool()
             assert torch.all(grad[~keep] == 0) and torch.all(grad[keep] != 0)
