@@ -15,9 +15,6 @@ start=$(date +%s)
 source tests/venv.sh
 make_venv "$venv"   # torch==2.13.0 (CPU) first and pinned
 "$py" -m pip install --quiet -r requirements/verl.txt
-# verl 0.9.1's V1 trainer (trainer.use_v1=true, what main_ppo runs by default) imports these, from verl's verl-core
-# extra; requirements/verl.txt does not pin them yet. test_v1_trainers.py builds the V1 trainers (docs/verl.md).
-"$py" -m pip install --quiet transferqueue==0.1.11 cachetools==8.0.2 uvicorn==0.55.0 fastapi==0.165.0
 "$py" -m pip install --quiet --no-deps -e .         # registers the verl.plugins entry point
 echo "verl environment ready in $(( $(date +%s) - start )) s ($venv)"
 
