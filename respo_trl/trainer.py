@@ -1,26 +1,15 @@
 """``ReSPOTrainer``: TRL's ``GRPOTrainer`` with the ReSPO loss, the rollout-reuse buffer and per-step diagnostics.
 
-This file only wires pieces into TRL's hooks; the math lives in :mod:`respo_trl.kernels`, the metrics in
-:mod:`respo_trl.diagnostics` and the reuse logic in :mod:`respo_trl.buffer`.
-
-How ReSPO enters TRL's loss: TRL 1.16's ``vespo`` branch computes ``-c * A * log pi`` with a detached coefficient
-``c`` from ``get_gamma_weights``, skips the extra vLLM ratio multiply, and aggregates like ``dapo`` (token sum over the
-global token count), keeping the KL, entropy, MoE auxiliary and off-policy-mask terms. That is exactly spec section
-2, so for ``loss_type="respo"`` the trainer runs that branch with ``c`` from
-:func:`respo_trl.kernels.respo_coefficients`. Every other ``loss_type`` runs TRL's code unchanged. The hook depends on
-TRL internals, so :func:`check_trl_hooks` verifies them when a trainer is built and fails with instructions if a TRL
-release moved them.
+This file only wires pieces into TRL's hooks: the loss for ``loss_type="respo"`` is :mod:`respo_trl.trl_loss` (the
+one seam into TRL's ``_compute_loss``), the math :mod:`respo_trl.kernels`, the metrics :mod:`respo_trl.diagnostics`
+and the reuse logic :mod:`respo_trl.buffer`. Every other ``loss_type`` runs TRL's code unchanged.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import os
-from contextlib import contextmanager
 
 import torch
-import trl
 from accelerate.logging import get_logger
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
@@ -53,10 +42,10 @@ from .kernels import (
     fold_sampler_ratio,
     kish_ess,
     registered_loss_for,
-    respo_coefficients,
     sequence_log_weight,
 )
 from .routing_replay_hooks import RoutingReplayMixin
+from .trl_loss import ReSPOLoss, check_trl_hooks, check_trl_state
 
 logger = get_logger(__name__)
 
@@ -70,44 +59,7 @@ def _concat(values: list):
         return [item for value in values for item in value]
     return first
 
-SUPPORTED_TRL = "1.16"  # the TRL minor version whose internals the hooks below were written against
-# What ReSPO relies on inside GRPOTrainer._compute_loss (TRL 1.16): the vespo branch and its ratio exemption, and the
-# two masks whose outputs the diagnostics read back.
-REQUIRED_COMPUTE_LOSS_SOURCE = (
-    'elif self.loss_type == "vespo":',
-    "self.get_gamma_weights(",
-    'self.loss_type != "vespo"',
-    'elif self.loss_type in ["cispo", "dapo", "vespo"]:',
-    "self.get_high_entropy_mask(",
-    "self.get_off_policy_mask(",
-)
-
-
-@functools.cache  # once per process: the check reads TRL's source
-def check_trl_hooks(grpo_trainer_cls=GRPOTrainer) -> None:
-    """Fail early, with what to do, if the installed TRL no longer has what ``loss_type='respo'`` hooks into."""
-    try:
-        source = inspect.getsource(grpo_trainer_cls._compute_loss)
-    except (OSError, TypeError, AttributeError):
-        source = ""
-    missing = [snippet for snippet in REQUIRED_COMPUTE_LOSS_SOURCE if snippet not in source]
-    for name in ("get_gamma_weights", "get_high_entropy_mask", "get_off_policy_mask", "_get_per_token_logps_and_entropies"):
-        if not hasattr(grpo_trainer_cls, name):
-            missing.append(f"GRPOTrainer.{name}")
-    if missing:
-        raise RuntimeError(
-            f"respo_trl hooks ReSPO into TRL {SUPPORTED_TRL}'s GRPOTrainer, but the installed trl {trl.__version__} no "
-            f"longer has {missing}. Install a supported TRL (pip install 'trl>={SUPPORTED_TRL},<1.17') or a respo_trl "
-            "release that supports this TRL. TRL's own loss types would still train, but ReSPO cannot run safely."
-        )
-    if not trl.__version__.startswith(SUPPORTED_TRL + "."):
-        logger.warning(
-            f"respo_trl was tested with trl {SUPPORTED_TRL}.x; trl {trl.__version__} still has the hooks ReSPO needs, "
-            "but results are not verified."
-        )
-
-
-class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
+class ReSPOTrainer(RoutingReplayMixin, ReSPOLoss, GRPOTrainer):
     """Drop-in replacement for ``trl.GRPOTrainer`` that trains with ReSPO.
 
     Accepts the same arguments. ``args`` may be a :class:`ReSPOConfig` (any ``loss_type`` works, so baselines run
@@ -139,6 +91,7 @@ class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
                 main_process_only=True,
             )
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
+        check_trl_state(self)
         if self.use_vllm and self.vllm_mode == "colocate":  # an engine TRL cannot sync into stops here, in one line
             check_colocated_weight_sync(self.vllm_generation)
         if self.loss_type == "respo":
@@ -266,75 +219,27 @@ class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         inputs = self._drop_nonfinite(inputs)
-        with self._inside_trl_loss() as captured:
-            loss = super()._compute_loss(model, inputs)
-        self._log_step_metrics(inputs, captured)
+        loss = super()._compute_loss(model, inputs)  # Routing Replay, then ReSPO's loss or TRL's (trl_loss.py)
+        self._log_step_metrics(inputs)
         return loss
 
-    @contextmanager
-    def _inside_trl_loss(self):
-        """For the duration of TRL's ``_compute_loss`` only, instance attributes shadow four of its helpers.
-
-        The class keeps TRL's own ``get_gamma_weights``, ``get_high_entropy_mask``, ``get_off_policy_mask`` and
-        ``_get_per_token_logps_and_entropies`` (same signatures and kinds, two of them staticmethods), so user code
-        and TRL's tests can call them as TRL documents. Inside the loss call, ``self.<name>`` finds the shadow first:
-        the forward's log-probs are captured (non-finite rows made 0), the masks TRL applies are recorded for the
-        diagnostics, and for ``loss_type="respo"`` TRL's VESPO branch gets ReSPO's coefficient instead of VESPO's.
-        Yields the dict the captures land in.
-        """
-        captured: dict[str, torch.Tensor] = {}
-        # what `self.<name>` resolves to now: TRL's (or a subclass's) method, or an instance attribute a user set
-        forward, entropy_mask, off_policy_mask = (
-            self._get_per_token_logps_and_entropies, self.get_high_entropy_mask, self.get_off_policy_mask
-        )
-
-        def capture_forward(*args, **kwargs):
-            logps, entropies, aux_loss = forward(*args, **kwargs)
-            # Rows dropped by `_drop_nonfinite` (and any non-finite value the forward produced) become a constant 0,
-            # so log-ratio and KL vanish there and no NaN reaches the loss.
-            bad = ~torch.isfinite(logps)
-            if self._nonfinite_rows is not None:
-                bad = bad | self._nonfinite_rows.unsqueeze(-1)
-            if bad.any():
-                logps = torch.where(bad, torch.zeros_like(logps), logps)
-            captured["logps"] = logps.detach()
-            return logps, entropies, aux_loss
-
-        def capture_entropy_mask(*args, **kwargs):
-            captured["entropy"] = entropy_mask(*args, **kwargs).detach()
-            return captured["entropy"]
-
-        def capture_off_policy_mask(*args, **kwargs):
-            captured["off_policy"] = off_policy_mask(*args, **kwargs).detach()
-            return captured["off_policy"]
-
-        shadows = {
-            "_get_per_token_logps_and_entropies": capture_forward,
-            "get_high_entropy_mask": capture_entropy_mask,
-            "get_off_policy_mask": capture_off_policy_mask,
-        }
-        respo = self.loss_type == "respo"
-        if respo:  # TRL's vespo branch: -c * A * log pi with a detached c, no extra sampler multiply, dapo aggregation
-            shadows["get_gamma_weights"] = self._respo_gamma_weights
-            self.loss_type = "vespo"
-        previous = {name: self.__dict__[name] for name in shadows if name in self.__dict__}
-        self.__dict__.update(shadows)
-        try:
-            yield captured
-        finally:
-            for name in shadows:
-                self.__dict__.pop(name, None)
-            self.__dict__.update(previous)
-            if respo:
-                self.loss_type = "respo"
-                mode = "train" if self.model.training else "eval"
-                self._metrics[mode].pop("vespo/phi_seq_mean", None)  # it held ReSPO's coefficient; respo/* has it
-
-    def _respo_gamma_weights(self, advantages, log_ratio_per_token, mask, importance_sampling_ratio, **vespo_params):
-        """Stands in for TRL's ``get_gamma_weights`` inside a ``respo`` loss call: ReSPO's per-token coefficient."""
-        return respo_coefficients(
-            log_ratio_per_token, advantages, mask, self.loss_params, sampler_ratio=importance_sampling_ratio
-        )
+    def _applied_token_weight(self, inputs, logps, entropies):
+        """What TRL's loss multiplied the per-token loss by besides the importance weight (its entropy and off-policy
+        masks), recomputed with TRL's own helpers from the loss forward; None when neither is on."""
+        mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
+        weight = None
+        if self.top_entropy_quantile < 1.0:
+            weight = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile).float()
+        if self.off_policy_mask_threshold is not None:
+            advantages, old = inputs["advantages"], inputs.get("old_per_token_logps")
+            old = logps if old is None else old
+            kept = self.get_off_policy_mask(
+                advantages=advantages.unsqueeze(1) if advantages.dim() == 1 else advantages, per_token_logps=logps,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old), mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            ).float()  # fmt: skip
+            weight = kept if weight is None else weight * kept
+        return weight
 
     def _drop_nonfinite(self, inputs):
         """Mask out of the loss every sequence whose advantage or stored log-probs are NaN/inf (never a NaN loss)."""
@@ -362,21 +267,20 @@ class ReSPOTrainer(RoutingReplayMixin, GRPOTrainer):
 
     # -- metrics ---------------------------------------------------------------------------------------------------------
 
-    def _log_step_metrics(self, inputs, captured: dict) -> None:
+    def _log_step_metrics(self, inputs) -> None:
         mode = "train" if self.model.training else "eval"
         if not self.args.respo_log_diagnostics:
             if mode == "train":
                 self._log_reuse_metrics(inputs, mode)
             return
-        logps = captured["logps"]
+        logps, entropies = self.last_forward  # the loss's own forward (trl_loss.ReSPOLoss)
+        # rows _drop_nonfinite dropped, and any non-finite value of the forward, count as log-ratio 0
+        bad = ~torch.isfinite(logps) | self._nonfinite_rows.unsqueeze(-1)
+        logps = torch.where(bad, torch.zeros_like(logps), logps)
         mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
         old = inputs.get("old_per_token_logps")
         log_ratio = torch.zeros_like(logps) if old is None else logps - old
-        token_weight = None
-        for key in ("entropy", "off_policy"):  # what TRL multiplied the per-token loss by, besides the ratio
-            if key in captured:
-                applied = captured[key].float()
-                token_weight = applied if token_weight is None else token_weight * applied
+        token_weight = self._applied_token_weight(inputs, logps, entropies)
         table = sequence_stats(
             log_ratio,
             inputs["advantages"],

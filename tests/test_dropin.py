@@ -135,17 +135,17 @@ def test_every_loss_type_trains_with_every_sampler_correction_mode(build, loss, 
 @pytest.mark.parametrize("mode", MODES)
 def test_sampler_ratio_reaches_respo_coefficient(build, mode, monkeypatch):
     """Catches: the vLLM ratio dropped from phi, a sequence ratio added per token, token_mask kept as log-ratio -20."""
-    import respo_trl.trainer as trainer_module
+    import respo_trl.trl_loss as seam
     from respo_trl.kernels import respo_kernel
 
-    records, real = [], trainer_module.respo_coefficients
+    records, real = [], seam.respo_coefficients
 
     def recording(log_ratio, advantages, mask, params, *, sampler_ratio=None):  # what the loss's phi was built from
         coef = real(log_ratio, advantages, mask, params, sampler_ratio=sampler_ratio)
         records.append((advantages, log_ratio, mask, sampler_ratio, coef))
         return coef
 
-    monkeypatch.setattr(trainer_module, "respo_coefficients", recording)
+    monkeypatch.setattr(seam, "respo_coefficients", recording)
     low, high = (0.9, 1.1) if mode.startswith("token") else (0.6, 1.2)
     trainer = build(vllm=True, vllm_importance_sampling_mode=mode,
                     vllm_importance_sampling_clip_min=low, vllm_importance_sampling_clip_max=high, max_steps=1)
@@ -189,19 +189,32 @@ def test_baseline_through_respo_trainer_equals_trls_grpo_trainer(build, loss, vl
     assert [h["loss"] for h in train_logs(ours)] == pytest.approx([h["loss"] for h in train_logs(trl_trainer)])
 
 
-def test_a_trl_whose_internals_moved_is_refused_with_instructions(build, monkeypatch):
+@pytest.mark.parametrize("moved", ["signature", "kind", "state"])
+def test_a_trl_whose_helpers_moved_is_refused_in_one_line(build, monkeypatch, moved):
+    """ReSPO's loss (trl_loss.py) calls TRL's helpers with TRL 1.16's signatures and reads its loss state: a TRL that
+    changed a helper's shape, made a static helper an instance method, or renamed a piece of state is refused when the
+    trainer is built, in one line naming what moved and what to install."""
     from trl import GRPOTrainer
 
-    import respo_trl.trainer as trainer_module
+    import respo_trl.trl_loss as seam
 
-    def _compute_loss(self, model, inputs):  # a future TRL without the vespo branch ReSPO hooks into
-        return model(**inputs).loss
+    if moved == "signature":  # a future TRL whose off-policy mask takes another argument
+        def get_off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask, threshold, level):
+            raise AssertionError("never called")
 
-    monkeypatch.setattr(GRPOTrainer, "_compute_loss", _compute_loss)
-    trainer_module.check_trl_hooks.cache_clear()
+        monkeypatch.setattr(GRPOTrainer, "get_off_policy_mask", staticmethod(get_off_policy_mask))
+        expected = "static GRPOTrainer.get_off_policy_mask(advantages, per_token_logps"
+    elif moved == "kind":
+        monkeypatch.setattr(GRPOTrainer, "get_off_policy_mask", lambda advantages, per_token_logps,
+                            sampling_per_token_logps, mask, off_policy_threshold: None)  # fmt: skip
+        expected = "static GRPOTrainer.get_off_policy_mask"
+    else:
+        monkeypatch.setattr(seam, "TRL_STATE", (*seam.TRL_STATE, "entropy_bonus_schedule"))  # renamed in a future TRL
+        expected = "GRPOTrainer.entropy_bonus_schedule"
+    seam.check_trl_hooks.cache_clear()
     try:
         with pytest.raises(RuntimeError, match=r"pip install 'trl>=1\.16,<1\.17'") as error:
             build()
     finally:
-        trainer_module.check_trl_hooks.cache_clear()  # the real TRL is checked again by the next trainer
-    assert "get_gamma_weights" in str(error.value)
+        seam.check_trl_hooks.cache_clear()  # the real TRL is checked again by the next trainer
+    assert expected in str(error.value) and "\n" not in str(error.value)

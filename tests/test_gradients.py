@@ -134,7 +134,9 @@ MASKS = {
 
 @pytest.mark.parametrize("masks", sorted(MASKS))
 @pytest.mark.parametrize("loss_type", sorted(AGGREGATION))
-def test_diagnostics_report_the_coefficients_of_the_loss_trl_really_computes(make_trainer, tokenizer, loss_type, masks):
+def test_diagnostics_report_the_coefficients_of_the_loss_trl_really_computes(
+    make_trainer, tokenizer, loss_type, masks, monkeypatch
+):
     """Differentiate TRL's real loss w.r.t. the per-token log-probs, c_it = -dLoss/dlogp * norm / A_i, and check the
     registry's coefficients (without masks) and the logged throughput (always) against it. Catches diagnostics that
     ignore TRL's entropy or off-policy masks (top_entropy_quantile=0.2 would otherwise still report 1.0)."""
@@ -152,10 +154,12 @@ def test_diagnostics_report_the_coefficients_of_the_loss_trl_really_computes(mak
     inputs["old_per_token_logps"] = logps.detach() + 0.5 * torch.randn(8, 7, generator=gen)
     entropies = torch.rand(8, 7, generator=gen)
 
-    def fake_logps(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+    def fake_logps(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         return logps, entropies, None
 
-    trainer._get_per_token_logps_and_entropies = fake_logps
+    from trl import GRPOTrainer  # TRL's forward, under the trainer's own overrides (the loss reads it there too)
+
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", fake_logps)
     loss = trainer._compute_loss(trainer.model, inputs)
     (grad,) = torch.autograd.grad(loss, logps)
     adv = inputs["advantages"].unsqueeze(-1)
@@ -234,6 +238,60 @@ def test_nonfinite_inputs_are_masked_not_propagated(make_trainer, tokenizer, tin
     rest["num_items_in_batch"] = per_token["num_items_in_batch"]
     _, grads_rest = loss_and_grads(trainer, rest)
     assert_same_grads(grads, grads_rest)
+
+
+# TRL's loss terms around the policy term, each of which ReSPO's loss (trl_loss.py) computes as TRL's vespo branch does
+TRL_TERMS = {
+    "plain": {},
+    "kl": {"beta": 0.1},  # the reference model's KL, with TRL's default importance-weight bias correction
+    "kl_sequence": {"beta": 0.1, "importance_sampling_level": "sequence"},  # VESPO refuses it; compared with grpo's KL
+    "entropy_mask": {"top_entropy_quantile": 0.5},
+    "off_policy_mask": {"off_policy_mask_threshold": 0.05},
+    "entropy_bonus": {"entropy_coef": 0.01},
+    "adaptive_entropy": {"use_adaptive_entropy": True, "entropy_target": 5.0, "entropy_coef": 0.02},
+    "moe_aux": {"router_aux_loss_coef": 0.01},
+}
+
+
+@pytest.mark.parametrize("terms", sorted(TRL_TERMS))
+def test_respo_loss_is_trls_vespo_branch_in_every_term(make_trainer, tokenizer, tiny_model_dir, terms):
+    """The seam's promise, against TRL's own loss: with both branches VESPO's, ReSPO's loss (trl_loss.ReSPOLoss) gives
+    TRL's ``vespo`` loss, gradients and logged metrics for every term TRL adds around the policy term (KL and its bias
+    correction, entropy and off-policy masks, static and adaptive entropy bonus, MoE auxiliary loss). A TRL release
+    that changes one of them fails here. (For ``importance_sampling_level="sequence"``, which VESPO refuses, the KL's
+    sequence-level correction is compared through ``dapo``, whose coefficient is ReSPO's on-policy.)"""
+    from trl import GRPOConfig, GRPOTrainer
+
+    from respo_trl.demo.tiny import tiny_qwen3
+
+    fields = dict(TRL_TERMS[terms])
+    moe = terms == "moe_aux"
+    model = tiny_model_dir if fields.get("beta") else tiny_qwen3(tokenizer, moe=moe)
+    copy_of = (lambda m: m) if isinstance(model, str) else copy.deepcopy
+    baseline = "dapo" if terms == "kl_sequence" else "vespo"
+    branches = {} if baseline == "dapo" else {"respo_pos_branch": "vespo", "respo_neg_branch": "vespo"}
+    ours = prepare(make_trainer(model=copy_of(model), **branches, **fields))
+    theirs = prepare(make_trainer(model=copy_of(model), loss_type=baseline, config_cls=GRPOConfig,
+                                  trainer_cls=GRPOTrainer, **fields))  # fmt: skip
+    inputs = make_batch(tokenizer, seed=5)
+    gen = torch.Generator().manual_seed(2)
+    fresh = current_logps(ours, inputs)
+    off_policy = 0.0 if baseline == "dapo" else 0.3  # dapo equals ReSPO only on-policy
+    inputs["old_per_token_logps"] = fresh + off_policy * torch.randn(8, 7, generator=gen)
+    if fields.get("beta"):
+        inputs["ref_per_token_logps"] = fresh + 0.2 * torch.randn(8, 7, generator=gen)
+    for step in range(2):  # the adaptive coefficient moves after the first step
+        loss_o, grads_o = loss_and_grads(ours, inputs)
+        loss_t, grads_t = loss_and_grads(theirs, inputs)
+        if baseline == "vespo":
+            assert loss_o.item() == pytest.approx(loss_t.item(), rel=1e-5, abs=1e-7), step
+        assert_same_grads(grads_o, grads_t)
+    for key in ("entropy", "kl", "entropy_coef", "policy_loss", "aux_loss"):
+        theirs_logged = theirs._metrics["train"].get(key)
+        if theirs_logged:
+            if key == "policy_loss" and baseline == "dapo":
+                continue  # dapo's surrogate value differs from -phi A log pi; only its gradient is ReSPO's
+            assert ours._metrics["train"][key] == pytest.approx(theirs_logged, rel=1e-5, abs=1e-7), key
 
 
 @pytest.mark.parametrize("sampler", [None, "token_truncate", "token_mask"])

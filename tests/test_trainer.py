@@ -253,20 +253,33 @@ def test_trl_helpers_are_callable_the_way_trl_and_its_tests_call_them():
                        GRPOTrainer.get_high_entropy_mask(stand_in, entropies, mask, 0.5))  # fmt: skip
 
 
-def test_shadowed_helpers_exist_only_inside_the_loss_call(make_trainer):
-    """The diagnostics capture TRL's masks and log-probs through instance attributes set for one loss call only:
-    afterwards the trainer's attributes are TRL's again, and a user's own instance patch survives the call."""
+def test_the_seam_into_trl_writes_no_helper_and_flips_nothing(make_trainer, monkeypatch):
+    """0.4 wrote four helpers into the trainer's ``__dict__`` for every loss call, flipped ``loss_type`` to "vespo"
+    and back, and popped TRL's ``vespo/phi_seq_mean``. The seam is now declared once (``trl_loss.ReSPOLoss``): during
+    the loss TRL's helpers see ``loss_type="respo"``, the call leaves data behind and no callable, no VESPO metric is
+    logged, and a user's own instance patch of a TRL helper is what the loss calls."""
     from test_gradients import make_batch, prepare
+    from trl import GRPOTrainer
 
     trainer = prepare(make_trainer(loss_type="respo", top_entropy_quantile=0.5))
     inputs = make_batch(trainer.processing_class, seed=1)
-    patched = trainer.get_high_entropy_mask
-    calls = []
-    trainer.get_high_entropy_mask = lambda *a, **k: calls.append(1) or patched(*a, **k)  # a user's own patch
+    seen, original = [], GRPOTrainer.get_high_entropy_mask
+
+    def spy(self, entropies, mask, threshold):
+        seen.append(self.loss_type)
+        return original(self, entropies, mask, threshold)
+
+    monkeypatch.setattr(GRPOTrainer, "get_high_entropy_mask", spy)
+    before = dict(vars(trainer))
     trainer._compute_loss(trainer.model, inputs)
-    assert calls == [1] and "get_high_entropy_mask" in vars(trainer)  # the patch was called through, then restored
-    assert not {"get_gamma_weights", "get_off_policy_mask", "_get_per_token_logps_and_entropies"} & set(vars(trainer))
-    assert trainer.loss_type == "respo"
+    assert seen and set(seen) == {"respo"}
+    added = {k: v for k, v in vars(trainer).items() if k not in before}
+    assert not [k for k, v in added.items() if callable(v)], added.keys()
+    assert "vespo/phi_seq_mean" not in trainer._metrics["train"] and trainer._metrics["train"]["respo/phi_mean/pos"]
+    calls = []
+    trainer.get_high_entropy_mask = lambda *a, **k: calls.append(1) or spy(trainer, *a, **k)  # a user's own patch
+    trainer._compute_loss(trainer.model, inputs)
+    assert calls  # the loss (and the diagnostics) went through it
 
 
 def test_positive_branch_diagnostic_is_pooled_over_the_logged_step(make_trainer):
