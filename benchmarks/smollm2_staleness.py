@@ -97,7 +97,7 @@ GATE_LRS = (1e-5, 3e-5)
 GATE_N = (8, 16, 32)
 GATE_BAND = (0.15, 0.30)  # share of correct answers with log W < -1 at the stale end (the paper: 22.8%)
 MIN_GAIN = 0.10  # the on-policy run's validation accuracy must rise by 10 points
-PROBE_SAMPLES = 4  # base-policy completions per validation problem for the staleness probe
+PROBE_SAMPLES = 8  # base-policy completions per validation problem for the staleness probe (~1,200, ~55 correct)
 LOSS = {
     "dapo": ["--loss_type", "dapo"],
     "vespo": ["--loss_type", "vespo"],
