@@ -1,6 +1,7 @@
-"""Why VESPO leads at N = 32 in the paper's regime: the pre-registered mechanism runs (docs/benchmarks.md 5.5).
+"""Why VESPO leads at N = 32 in the paper's regime: the pre-registered mechanism runs
+(docs/benchmarks/mechanism.md 5.5).
 
-The regime comparison (``regime.py``, docs/benchmarks.md 5.3) found VESPO ahead of ReSPO by 9.2 points on seeds
+The regime comparison (``regime.py``, docs/benchmarks/regime.md 5.3) found VESPO ahead of ReSPO by 9.2 points on seeds
 1-4. This benchmark tests four explanations on the same testbed, each new run paired with the stored 5.3 run of the
 same seed (same warm start, same prompt order; the pairing is checked, not assumed):
 
@@ -12,7 +13,8 @@ same seed (same warm start, same prompt order; the pairing is checked, not assum
 * H4, on-policy at equal policy age: the ``N = 1`` reference on seeds 3-4 (1-2 are stored), scored at the policy
   ages of the N = 32 arms' late batches too.
 
-The rule of each hypothesis is in docs/benchmarks.md 5.5 (written before the runs) and applied by :func:`readings`.
+The rule of each hypothesis is in docs/benchmarks/mechanism.md 5.5 (written before the runs) and applied by
+:func:`readings`.
 
     python benchmarks/regime_mechanism.py run                 # every run, in 5.5's order; resumable (~12 h on 2 cores)
     python benchmarks/regime_mechanism.py run --arms onpolicy --seeds 3   # a slice
@@ -42,7 +44,7 @@ from benchmarks import regime  # noqa: E402
 from benchmarks.reuse_lm import LOSS_ARGS  # noqa: E402
 
 SETTING, LR, N = "long-nuisance", 1e-4, regime.N_PAPER
-SEEDS = (1, 2, 3, 4)  # seed 0 learns under no arm (docs/benchmarks.md 5.3)
+SEEDS = (1, 2, 3, 4)  # seed 0 learns under no arm (docs/benchmarks/regime.md 5.3)
 GROUPS = ["--respo_whole_groups", "true"]
 # name: (hypothesis, recipe loss arguments, N, seeds). Order = the order of the runs (5.5).
 ARMS = {
@@ -226,8 +228,8 @@ def pooled_interval(values: list[float]) -> dict:
 
 
 def readings(arms: dict[str, list[dict]], stored: dict[str, list[dict]], ages=AGES, needed: int = len(SEEDS)) -> dict:
-    """Each hypothesis read by its rule (docs/benchmarks.md 5.5), once its arms have ``needed`` paired seeds (None or
-    "incomplete" before). ``arms``/``stored``: arm -> run rows."""
+    """Each hypothesis read by its rule (docs/benchmarks/mechanism.md 5.5), once its arms have ``needed`` paired seeds
+    (None or "incomplete" before). ``arms``/``stored``: arm -> run rows."""
     respo, vespo = scores_of(stored.get("respo", [])), scores_of(stored.get("vespo", []))
     out = {"gap": regime.paired(vespo, respo)}
     variants = {a: variant_reading(scores_of(arms[a]), respo, vespo, needed)

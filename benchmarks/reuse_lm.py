@@ -488,7 +488,7 @@ def print_table(summary: dict) -> None:
 
 
 def markdown(summary: dict) -> str:
-    """The docs tables (docs/benchmarks.md, section 2) from a ``reuse_lm.json``."""
+    """The docs tables (docs/benchmarks/reuse_lm.md, section 2) from a ``reuse_lm.json``."""
     lines = [
         "| model | loss | reuse | updates | generated tokens (k) | held-out before (%) | after (%) | best (%) "
         "| worst drop (points) | per seed after (%) | early throughput + | early throughput − "

@@ -65,7 +65,7 @@ The simulated setting (explicit, so you can judge how far it transfers)
 
 What the lab cannot tell you: it has no context/attention, no shared representation beyond ``beta``, no language. It
 shows the mechanism and how each kernel reacts to it; the LLM evidence is the tiny-LM benchmark
-(``docs/benchmarks.md``).
+(``docs/benchmarks/starvation_lab.md``).
 
 How to run
 ----------
@@ -130,9 +130,10 @@ def sequence_is_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None)
     return -torch.exp(l.clamp(max=LOG_W_CLAMP)) * advantages.reshape(-1, 1) * log_ratio
 
 
-# ReSPO on a normalised sequence weight: the ablation's respo_mean / respo_sqrt / respo_ess (docs/benchmarks.md,
-# section 4). The library dropped these options on that evidence (the paper uses the raw W); they live here so the
-# ablation stays reproducible: the same math as the removed ``respo_norm`` (l clamped to +-20, divided, clamped again).
+# ReSPO on a normalised sequence weight: the ablation's respo_mean / respo_sqrt / respo_ess
+# (docs/benchmarks/ablations.md, section 4). The library dropped these options on that evidence (the paper uses the raw
+# W); they live here so the ablation stays reproducible: the same math as the removed ``respo_norm`` (l clamped to
+# +-20, divided, clamped again).
 ESS_RHO_MIN = 0.5  # the ESS floor the ablation used for "ess"
 BATCH_LEVEL_LOSSES = ("respo_ess",)  # one statistic over the whole batch: the lab computes these per seed
 

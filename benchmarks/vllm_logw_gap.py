@@ -12,7 +12,7 @@ sampler log-probs (``logprobs_mode="processed_logprobs"``, as TRL asks); the tra
 with TRL's own fused log-prob head (``trl.trainer.utils.add_fused_lm_head``); ``log W`` is summed over the first
 ``L`` tokens of each response for each ``L`` in ``--lengths``.
 
-    python benchmarks/vllm_logw_gap.py --model outputs/smollm2-135m-instruct-q4      # docs/benchmarks.md, section 7
+    python benchmarks/vllm_logw_gap.py --model outputs/smollm2-135m-instruct-q4      # docs/benchmarks/real_stack.md
     python benchmarks/vllm_logw_gap.py --model DIR --sequences 2 --max-tokens 32 --lengths 16 32   # a smoke run
 
 Needs the vLLM environment (``tests/vllm_integration/run.sh`` builds it) and the converted checkpoint

@@ -53,9 +53,9 @@ STARVED_BELOW = 0.1  # a sequence is "starved" when its mean coefficient is belo
 LOW_WEIGHT_LOG_W = -1.0  # the paper's positive-branch diagnostic looks at positives with log W < -1
 # On fresh rollouts (staleness 0) with TRL's vLLM sampler correction on, ``log W`` is only the engine's rounding against
 # the trainer's. Above this standard deviation that noise moves ReSPO's coefficient of a fresh response by ~20% or more
-# (phi+(e^-0.5) = 1.19, phi-(e^-0.5) = 1.24, against 1 on-policy). Measured on SmolLM2-135M (docs/benchmarks.md,
-# section 7): a bf16 engine against a float32 trainer reaches 0.46 at 256 tokens and 1.8 at 2,048; a float32 engine
-# stays at 0.009 over 128 tokens.
+# (phi+(e^-0.5) = 1.19, phi-(e^-0.5) = 1.24, against 1 on-policy). Measured on SmolLM2-135M
+# (docs/benchmarks/real_stack.md, section 7): a bf16 engine against a float32 trainer reaches 0.46 at 256 tokens and
+# 1.8 at 2,048; a float32 engine stays at 0.009 over 128 tokens.
 SAMPLER_GAP_STD = 0.5
 
 

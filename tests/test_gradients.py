@@ -330,9 +330,10 @@ def test_respo_with_both_branches_vespo_trains_exactly_as_trls_vespo(make_traine
 def test_the_sampler_gap_alarm_fires_once_on_fresh_rollouts_and_stays_quiet_below_its_threshold(
     make_trainer, tokenizer, caplog
 ):
-    """With TRL's vLLM correction on, ``log W`` of a fresh rollout is the engine's rounding only (docs/benchmarks.md,
-    section 7): past ``SAMPLER_GAP_STD`` the trainer says what to set, once. Catches an alarm that never fires, fires
-    on stale steps (where policy movement is the point of W), fires without the correction, or fires every step."""
+    """With TRL's vLLM correction on, ``log W`` of a fresh rollout is the engine's rounding only
+    (docs/benchmarks/real_stack.md, section 7): past ``SAMPLER_GAP_STD`` the trainer says what to set, once. Catches an
+    alarm that never fires, fires on stale steps (where policy movement is the point of W), fires without the
+    correction, or fires every step."""
     import logging
 
     from respo_trl.diagnostics import SAMPLER_GAP_STD

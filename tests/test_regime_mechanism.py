@@ -1,5 +1,5 @@
-"""benchmarks/regime_mechanism.py (docs/benchmarks.md 5.5): the movement metrics, the pre-registered readings, the
-pairing check, the order of the runs, and a smoke run end to end."""
+"""benchmarks/regime_mechanism.py (docs/benchmarks/mechanism.md 5.5): the movement metrics, the pre-registered
+readings, the pairing check, the order of the runs, and a smoke run end to end."""
 
 import json
 import math

@@ -16,11 +16,11 @@ process. By default the bucket is the expression string's (train/test, as the de
 ``split_by="canonical"`` it is the problem's canonical form (its multiset of signed terms: ``7+7+1``, ``1+7+7`` and
 ``7+1+7`` are one problem), and ``validation_fraction`` carves a third set out of the training buckets: train,
 validation and test then share no problem, not even a commuted or re-ordered twin (:func:`check_disjoint`). The
-pretrained-model study needs that (docs/benchmarks.md, section 8): a held-out ``b+a`` whose ``a+b`` was trained on is
-not held out.
+pretrained-model study needs that (docs/benchmarks/smollm2_staleness.md): a held-out ``b+a`` whose ``a+b`` was trained
+on is not held out.
 
-The same generator builds the benchmark task of the paper's regime (docs/benchmarks.md, section 5): long ``+`` chains
-(16-20 single-digit terms, ~17 steps of work), a teacher that forgets some carries, and *nuisance*: with
+The same generator builds the benchmark task of the paper's regime (docs/benchmarks/regime.md, section 5): long ``+``
+chains (16-20 single-digit terms, ~17 steps of work), a teacher that forgets some carries, and *nuisance*: with
 ``nuisance=True`` each step's form is a free choice of the teacher that never changes the answer (operand order,
 one of four separators, an optional ``!``), so a model that imitates the teacher carries reward-irrelevant entropy on
 every step, as long temperature-1 reasoning does::
