@@ -145,7 +145,7 @@ def profile_warm_start(setting: str, seed: int, args: list[str], path: str, n_pr
     temperature-1 samples of training prompts (accuracy, length, entropy) and held-out greedy and avg@k accuracy."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from respo_trl.demo.warmstart import generate, sampling_profile
+    from respo_trl.recipe.generation import generate, sampling_profile
     from respo_trl.grading import accuracy_scores as grade
 
     profile_path = Path(path, "regime_profile.json")
@@ -187,7 +187,7 @@ def run_one(spec: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from respo_trl.buffer import last_complete_checkpoint
-    from respo_trl.demo.warmstart import sampling_profile
+    from respo_trl.recipe.generation import sampling_profile
 
     recipe = load_recipe()
     n = spec["N"]

@@ -139,7 +139,7 @@ def split_rows(model: str, split: str, template: str, limit: int | None = None) 
 def evaluate(model, tokenizer, rows: dict, samples: int, seed: int, profile: bool = False) -> dict:
     """avg@``samples`` accuracy (the training reward, :func:`last_integer_accuracy_reward`) at the training
     temperature, and the mean answer length, on ``rows``."""
-    from respo_trl.demo.warmstart import sampling_profile
+    from respo_trl.recipe.generation import sampling_profile
     from respo_trl.rewards import last_integer_accuracy_reward
 
     result = sampling_profile(model, tokenizer, rows["prompt"], rows["solution"], max_new_tokens=MAX_TOKENS,
@@ -153,7 +153,7 @@ def sample_for_probe(model, tokenizer, rows: dict, samples: int, seed: int) -> d
     """The base policy's completions on ``rows`` (token ids, without padding) and their grades."""
     import torch
 
-    from respo_trl.demo.warmstart import left_padded
+    from respo_trl.recipe.generation import left_padded
     from respo_trl.rewards import last_integer_accuracy_reward
 
     torch.manual_seed(seed)

@@ -3,10 +3,10 @@
     python recipes/eval_math.py --model outputs/qwen3-respo --benchmarks math500 aime24 aime25 amc23 --n 16
     python recipes/eval_math.py --model outputs/qwen3-tiny-respo      # the embedded default, as it trained
 
-Every option, the benchmarks and the paper's protocol: ``respo_trl/eval_math.py`` (the code) and docs/evaluation.md.
+Every option, the benchmarks and the paper's protocol: ``respo_trl/recipe/eval_math.py`` (the code) and docs/evaluation.md.
 """
 
-from respo_trl.eval_math import cli
+from respo_trl.recipe.eval_math import cli
 
 if __name__ == "__main__":
     cli()

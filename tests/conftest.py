@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def load_script():
     """A benchmark's module: ``benchmarks/x.py`` is ``benchmarks.x`` (the repository root is on pytest's pythonpath,
-    pyproject.toml). The recipes' code is the package's: ``respo_trl.recipe``, ``respo_trl.eval_math``."""
+    pyproject.toml). The recipes' code is the package's: ``respo_trl.recipe`` (``respo_trl.recipe.eval_math`` included)."""
 
     def load(relative: str):
         return importlib.import_module(relative.removesuffix(".py").replace("/", "."))

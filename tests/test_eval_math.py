@@ -31,9 +31,9 @@ MINERVA = ROOT / "tests" / "data" / "minervamath_sample.jsonl"  # hand-made rows
 
 @pytest.fixture(scope="module")
 def eval_math():
-    import respo_trl.eval_math
+    import respo_trl.recipe.eval_math
 
-    return respo_trl.eval_math
+    return respo_trl.recipe.eval_math
 
 
 # -- metric math ------------------------------------------------------------------------------------------------------------

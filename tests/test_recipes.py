@@ -531,12 +531,12 @@ def test_dataset_without_the_answer_column_fails_with_the_columns(recipe, tmp_pa
 
 
 def test_a_raising_reward_fails_before_the_warm_start(recipe, tmp_path, monkeypatch):
-    import respo_trl.demo.warmstart
+    import respo_trl.recipe.warmstart
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the warm start ran before the reward functions were checked")
 
-    monkeypatch.setattr(respo_trl.demo.warmstart, "supervised_warm_start", forbidden)
+    monkeypatch.setattr(respo_trl.recipe.warmstart, "supervised_warm_start", forbidden)
     args = recipe.parse_args(
         [*SMALL, "--reward_funcs", "accuracy", "test_recipes.raising_reward", "--output_dir", str(tmp_path / "o")]
     )

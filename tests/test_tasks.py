@@ -147,7 +147,8 @@ def test_tiny_tokenizer_keeps_boxed_as_one_token_and_completions_fit_the_preset(
 
 def test_supervised_warm_start_learns_and_is_seeded(tokenizer):
     from respo_trl.demo.tiny import tiny_qwen3
-    from respo_trl.demo.warmstart import generate, supervised_warm_start
+    from respo_trl.recipe.generation import generate
+    from respo_trl.recipe.warmstart import supervised_warm_start
     from respo_trl.grading import accuracy_scores
 
     task = ArithmeticTask(min_terms=2, max_terms=2, max_operand=3, scratchpad=False)

@@ -6,7 +6,6 @@ They power the tests, the embedded default of ``recipes/qwen3_respo.py`` and the
 
 from __future__ import annotations
 
-import os
 import string
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -20,18 +19,6 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'][0] }}:{{ message['content'] }}<|im_end|>"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>a:{% endif %}"
 )
-
-
-def use_one_cpu_thread(logger, why: str) -> None:
-    """A small model on a CPU gains nothing from several torch threads and loses a lot on a busy machine (measured on
-    a loaded 2-core box: the tiny recipe ran 3-8x slower at 2 threads, ``eval_math.py`` took 2.4 s per sampled
-    sequence). Use one thread unless ``OMP_NUM_THREADS`` says otherwise; the caller decides that the model is small
-    and on a CPU."""
-    import torch
-
-    if "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > 1:
-        logger.info(f"{why}: torch threads {torch.get_num_threads()} -> 1 (set OMP_NUM_THREADS to choose)")
-        torch.set_num_threads(1)
 
 
 def build_char_tokenizer(extra_tokens: tuple[str, ...] = DEFAULT_EXTRA_TOKENS) -> PreTrainedTokenizerFast:

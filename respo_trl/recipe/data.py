@@ -154,7 +154,9 @@ def load_datasets(script_args: RecipeArguments, training_args, model_args, token
     train_dataset, heldout = build_datasets(script_args)
     dropped = 0
     if script_args.max_prompt_length:
-        length_tokenizer = tokenizer or load_tokenizer(model_args, training_args)
+        length_tokenizer = tokenizer or load_tokenizer(
+            model_args.model_name_or_path, model_args.model_revision, training_args.trust_remote_code
+        )
         train_dataset, dropped = drop_long_prompts(
             train_dataset, length_tokenizer, script_args.max_prompt_length, training_args.chat_template_kwargs
         )

@@ -16,7 +16,7 @@ def greedy_accuracy(trainer, dataset, max_new_tokens: int, batch_size: int, rewa
     import torch
     from trl.models import unwrap_model_for_generation
 
-    from respo_trl.demo.warmstart import generate
+    from .generation import generate
     from respo_trl.grading import accuracy_scores
 
     accelerator = trainer.accelerator

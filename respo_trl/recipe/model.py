@@ -29,15 +29,15 @@ def inspect_model(model_args: ModelConfig, training_args: ReSPOConfig):
         ) from None
 
 
-def load_tokenizer(model_args: ModelConfig, training_args: ReSPOConfig):
-    """The model's tokenizer (a few MB, no weights), to measure prompt lengths before the trainer loads the model."""
+def load_tokenizer(model_name_or_path: str, revision: str | None = None, trust_remote_code: bool = False):
+    """A model's tokenizer (a few MB, no weights), with a pad token (its end token when it has none): what the recipe
+    measures prompt lengths with before the trainer loads the model, and what ``eval_math`` generates with."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(
-        model_args.model_name_or_path,
-        revision=model_args.model_revision,
-        trust_remote_code=training_args.trust_remote_code,
-    )
+    tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, revision=revision, trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def is_moe(config) -> bool:
@@ -62,12 +62,22 @@ def configure_moe(config, training_args: ReSPOConfig, logger) -> dict:
     return {"moe": True, "num_experts": text.num_experts, "router_aux_loss_coef": effective}
 
 
+def use_one_cpu_thread(logger, why: str) -> None:
+    """A small model on a CPU gains nothing from several torch threads and loses a lot on a busy machine (measured on
+    a loaded 2-core box: the tiny recipe ran 3-8x slower at 2 threads, ``eval_math.py`` took 2.4 s per sampled
+    sequence). Use one thread unless ``OMP_NUM_THREADS`` says otherwise; the caller decides that the model is small
+    and on a CPU."""
+    import torch
+
+    if "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > 1:
+        logger.info(f"{why}: torch threads {torch.get_num_threads()} -> 1 (set OMP_NUM_THREADS to choose)")
+        torch.set_num_threads(1)
+
+
 def pick_cpu_threads(training_args: ReSPOConfig, tiny: bool, logger) -> None:
     """One torch thread for a tiny model on a CPU (``python recipes/qwen3_respo.py`` leaves torch at 2 threads where
     ``accelerate launch`` sets 1)."""
     import torch
-
-    from respo_trl.demo.tiny import use_one_cpu_thread
 
     if tiny and not torch.cuda.is_available():
         use_one_cpu_thread(logger, "CPU run of a tiny model")
@@ -94,7 +104,7 @@ def build_tiny(script_args: RecipeArguments, seed: int):
 def warm_start(model, tokenizer, train_dataset, script_args: RecipeArguments, seed: int, on_step=None) -> list[float]:
     """Supervised warm start on the dataset's reference completions (the tiny preset imitates an imperfect teacher);
     returns the losses. Shared with benchmarks/reuse_lm.py, which warm-starts once per seed for all its arms."""
-    from respo_trl.demo.warmstart import supervised_warm_start
+    from .warmstart import supervised_warm_start
 
     return supervised_warm_start(
         model,

@@ -50,6 +50,8 @@ from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from .model import load_tokenizer
+
 logger = logging.getLogger("eval_math")
 
 DEFAULT_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -289,42 +291,19 @@ def vllm_available() -> bool:
 def generate_transformers(
     model, tokenizer, prompts: list[str], sampling: Sampling, batch_size: int
 ) -> list[list[tuple[str, int]]]:
-    """``n`` completions per prompt, each ``(text, tokens)``, with ``model.generate``: left-padded batches of
-    ``batch_size`` sequences, prompts sorted by length to limit padding, a tqdm bar counting sequences. ``tokens`` is
-    the generated length up to and including the end-of-sequence token (``max_new_tokens`` when cut off)."""
-    import torch
-    from tqdm.auto import tqdm
-    from transformers import set_seed
+    """``n`` completions per prompt, each ``(text, tokens)``, with the recipe's generation helper
+    (:func:`respo_trl.recipe.generation.generate`: ``model.generate`` in left-padded batches of ``batch_size``
+    sequences, the longest prompts first, a bar counting sequences); ``tokens`` is the generated length up to and
+    including the end-of-sequence token (``max_new_tokens`` when cut off)."""
+    from .generation import generate
 
-    set_seed(sampling.seed)
-    device = next(model.parameters()).device
-    lengths = [len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts]
-    jobs = sorted(((i, j) for i in range(len(prompts)) for j in range(sampling.n)), key=lambda job: -lengths[job[0]])
-    outputs: list[list[tuple[str, int] | None]] = [[None] * sampling.n for _ in prompts]
-    eos = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None else []
-    eos = torch.tensor(sorted({*(eos if isinstance(eos, list) else [eos]), tokenizer.eos_token_id} - {None}))
-    sample = sampling.temperature > 0
-    kwargs = dict(max_new_tokens=sampling.max_new_tokens, do_sample=sample, pad_token_id=tokenizer.pad_token_id)
-    if sample:
-        kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
-    else:  # greedy: neutralise sampling defaults a checkpoint's generation_config may carry
-        kwargs.update(temperature=None, top_p=None, top_k=None)
-    with tqdm(total=len(jobs), desc="generating", unit="seq") as bar:
-        for start in range(0, len(jobs), batch_size):
-            chunk = jobs[start : start + batch_size]
-            encoded = tokenizer(
-                [prompts[i] for i, _ in chunk], return_tensors="pt", padding=True, add_special_tokens=False
-            ).to(device)
-            with torch.no_grad():
-                generated = model.generate(**encoded, **kwargs)
-            new_tokens = generated[:, encoded["input_ids"].shape[1] :]
-            texts = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
-            ended = torch.isin(new_tokens, eos.to(new_tokens.device))
-            first_end = torch.where(ended.any(dim=1), ended.int().argmax(dim=1) + 1, new_tokens.shape[1])
-            for (i, j), text, length in zip(chunk, texts, first_end.tolist(), strict=True):
-                outputs[i][j] = (text, int(length))
-            bar.update(len(chunk))
-    return outputs
+    texts, lengths = generate(
+        model, tokenizer, prompts, max_new_tokens=sampling.max_new_tokens, batch_size=batch_size,
+        do_sample=sampling.temperature > 0, temperature=sampling.temperature, top_p=sampling.top_p,
+        top_k=sampling.top_k, samples_per_prompt=sampling.n, seed=sampling.seed, longest_first=True, progress=True,
+    )  # fmt: skip
+    n = sampling.n
+    return [list(zip(texts[i : i + n], lengths[i : i + n])) for i in range(0, len(texts), n)]
 
 
 def load_vllm(args, seed: int):
@@ -384,22 +363,10 @@ def load_transformers_model(args):
         args.model, revision=args.revision, dtype=args.dtype, trust_remote_code=args.trust_remote_code
     )
     if device == "cpu" and sum(p.numel() for p in model.parameters()) < 50_000_000:
-        from respo_trl.demo.tiny import use_one_cpu_thread
+        from .model import use_one_cpu_thread
 
         use_one_cpu_thread(logger, "small model on CPU")
     return model.to(device).eval()
-
-
-def load_tokenizer(args):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(
-        args.model, revision=args.revision, trust_remote_code=args.trust_remote_code
-    )
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
 
 
 # -- scoring and reports ---------------------------------------------------------------------------------------------------
@@ -775,7 +742,7 @@ def main(argv=None, generate=None) -> dict:
         if str(path).endswith(".jsonl") and Path(path).is_file():
             check_jsonl(path)
     try:
-        tokenizer = load_tokenizer(args)
+        tokenizer = load_tokenizer(args.model, args.revision, args.trust_remote_code)
     except OSError as error:  # a Hub id that cannot be fetched (offline, private, misspelt)
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise UsageError(f"--model {args.model!r}: cannot load its tokenizer: {first}") from None
