@@ -1,4 +1,5 @@
-"""The docs' relative links and images resolve: README.md and every docs/**/*.md.
+"""The docs' relative links and images resolve: README.md, every docs/**/*.md, DEVELOPERS.md, CHANGELOG.md and the
+model cards.
 
 A dead link is a file moved or renamed without its readers (docs/benchmarks.md became one page per study in 0.5 and
 every relative path inside the moved text changed; one image link was already dead then). Checked: markdown links and
@@ -20,8 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^\s{0,3}(```|~~~)")
 INLINE_CODE = re.compile(r"(`+)(?:(?!\1).)+?\1")
 # [text](target) and ![alt](target); the text may hold one level of brackets (an image inside a link)
-LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*(<[^>]*>|[^()\s]*(?:\([^()\s]*\)[^()\s]*)*)(?:\s+[\"'(][^)]*)?\s*\)")
-REFERENCE = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*(<[^>]*>|\S+)")
+LINK = re.compile(
+    r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]"  # [text] or ![alt], one level of brackets inside
+    r"\(\s*(<[^>]*>|[^()\s]*(?:\([^()\s]*\)[^()\s]*)*)"  # (target: <...>, or a path with balanced parentheses
+    r"(?:\s+[\"'(][^)]*)?\s*\)"  # and an optional "title")
+)
+REFERENCE = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*(<[^>]*>|\S+)", re.M)
 HTML = re.compile(r"""\b(?:src|href)\s*=\s*["']([^"']+)["']""")
 HTML_ID = re.compile(r"""\b(?:id|name)\s*=\s*["']([^"']+)["']""")
 SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
@@ -31,7 +36,11 @@ PENDING = {"docs/benchmarks/smollm2_staleness.md": "the pretrained-model study (
 
 
 def markdown_files() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    """README.md and docs/**/*.md, and the other pages a reader follows links from: the top-level *.md (DEVELOPERS.md,
+    CHANGELOG.md) and model_cards/*.md."""
+    top = [p for p in sorted(ROOT.glob("*.md")) if p.name != "README.md"]
+    cards = sorted((ROOT / "model_cards").glob("*.md"))
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *top, *cards]
 
 
 def prose_lines(text: str, blank_code: bool = True) -> list[tuple[int, str]]:
@@ -51,12 +60,24 @@ def prose_lines(text: str, blank_code: bool = True) -> list[tuple[int, str]]:
 
 
 def targets(text: str) -> list[tuple[int, str]]:
-    found = []
-    for number, line in prose_lines(text):
+    """``(line number, target)`` of every link, image, reference definition and HTML src/href; a link whose text wraps
+    onto the next line is found too (consecutive prose lines are searched together)."""
+    found, block, first = [], [], 0
+    lines = prose_lines(text)
+    for index, (number, line) in enumerate(lines):
+        if not block:
+            first = number
+        block.append(line)
+        ends = index + 1 == len(lines) or lines[index + 1][0] != number + 1 or not line.strip()
+        if not ends:
+            continue
+        joined = "\n".join(block)
         for pattern in (LINK, REFERENCE, HTML):
-            for match in pattern.finditer(line):
-                found.append((number, match.group(1).strip("<>")))
-    return found
+            for match in pattern.finditer(joined):
+                line = first + joined.count("\n", 0, match.start(1))
+                found.append((line, match.start(1), match.group(1).strip("<>")))
+        block = []
+    return [(number, target) for number, _, target in sorted(found)]
 
 
 def slug(heading: str) -> str:
@@ -107,7 +128,8 @@ def test_every_relative_link_and_image_in_the_docs_resolves():
 
 
 def test_the_checker_finds_what_is_dead_and_skips_what_is_not(tmp_path):
-    """The checker itself: a dead file, image and anchor are reported; code, external links and live anchors are not."""
+    """The checker itself: dead files, images and anchors are reported; code, external links and live anchors are
+    not."""
     (tmp_path / "other.md").write_text("# Other page\n\n## 5.5 Why VESPO leads: `cycle_kl`\n\n## Twice\n\n## Twice\n")
     (tmp_path / "pic.png").write_bytes(b"")
     page = tmp_path / "page.md"
@@ -116,7 +138,8 @@ def test_the_checker_finds_what_is_dead_and_skips_what_is_not(tmp_path):
         "[ok](other.md) ![ok](pic.png) [ok](other.md#55-why-vespo-leads-cycle_kl) [ok](other.md#twice-1) [ok](#page)\n"
         "[ok](https://example.com/missing.md) [ok](mailto:someone@example.com) `[not a link](missing.md)`\n"
         "```\n[in a code block](missing.md)\n```\n"
-        "[dead](missing.md) ![dead](gone.png) [dead](other.md#no-such-heading) [dead](#nowhere)\n"
+        "[dead](missing.md) ![dead](gone.png) [dead](other.md#no-such-heading) [dead](#nowhere) [a link whose text\n"
+        "wraps](wrapped-missing.md)\n"
         '[ref]: also-missing.md\n<img src="missing.png">\n'
     )
     dead = [line.split(": ", 1)[1] for line in dead_links(page)]
@@ -125,6 +148,7 @@ def test_the_checker_finds_what_is_dead_and_skips_what_is_not(tmp_path):
         "gone.png (no such file)",
         "other.md#no-such-heading (no such heading)",
         "#nowhere (no such heading)",
+        "wrapped-missing.md (no such file)",
         "also-missing.md (no such file)",
         "missing.png (no such file)",
     ]
@@ -140,7 +164,8 @@ def test_docs_testing_lists_every_test_file():
 def test_docs_run_benchmarks_as_modules():
     """A benchmark is run as ``python -m benchmarks.NAME`` (the package's imports need the repository root on the
     path, which ``-m`` gives from the root); ``python benchmarks/NAME.py`` in a doc is the old form."""
-    old = [f"{path.relative_to(ROOT)}:{n}" for path in markdown_files()
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]  # not CHANGELOG.md: history keeps its commands
+    old = [f"{path.relative_to(ROOT)}:{n}" for path in docs
            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
            if re.search(r"python3? +benchmarks/\w+\.py", line)]  # fmt: skip
     assert not old, old
