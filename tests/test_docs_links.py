@@ -30,9 +30,6 @@ REFERENCE = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*(<[^>]*>|\S+)", re.M)
 HTML = re.compile(r"""\b(?:src|href)\s*=\s*["']([^"']+)["']""")
 HTML_ID = re.compile(r"""\b(?:id|name)\s*=\s*["']([^"']+)["']""")
 SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
-# Pages being written in another change, already linked as "in progress": a link to one passes while it does not exist
-# (and is checked like any other once it does). Nothing else may be missing.
-PENDING = {"docs/benchmarks/smollm2_staleness.md": "the pretrained-model study (issue 33), written with its runs"}
 
 
 def markdown_files() -> list[Path]:
@@ -115,8 +112,7 @@ def dead_links(path: Path) -> list[str]:
         file_part = unquote(file_part.split("?", 1)[0])
         resolved = (path.parent / file_part).resolve() if file_part else path
         if file_part and not resolved.exists():
-            if not (resolved.is_relative_to(ROOT) and str(resolved.relative_to(ROOT)) in PENDING):
-                dead.append(f"{where} (no such file)")
+            dead.append(f"{where} (no such file)")
         elif fragment and resolved.suffix == ".md" and unquote(fragment).lower() not in anchors(resolved):
             dead.append(f"{where} (no such heading)")
     return dead
