@@ -33,8 +33,6 @@ from .diagnostics import (
     sequence_stats,
     summarize,
 )
-from .hub.card import RESPO_CITATION, TRAINER_TAGS, write_trainer_card
-from .hub.push import hub_failure
 from .integrations.vllm import check_colocated_weight_sync
 from .kernels import (
     FOLDS_SAMPLER_RATIO,
@@ -44,6 +42,7 @@ from .kernels import (
     registered_loss_for,
     sequence_log_weight,
 )
+from .paper import ARXIV_ID, RESPO_CITATION, TITLE, TRAINER_TAGS
 from .routing_replay_hooks import RoutingReplayMixin
 from .trl_loss import ReSPOLoss, check_trl_hooks, check_trl_state
 
@@ -69,11 +68,11 @@ class ReSPOTrainer(RoutingReplayMixin, ReSPOLoss, GRPOTrainer):
 
     _tag_names = list(TRAINER_TAGS)
     _name = "ReSPO"
-    _paper = {
-        "title": "ReSPO: Reshaped Sequence Policy Optimization for Gradient Starvation in Off-Policy Learning",
-        "id": "2609.35433",
-        "citation": RESPO_CITATION,
-    }
+    _paper = {"title": TITLE, "id": ARXIV_ID, "citation": RESPO_CITATION}
+    # What writes output_dir/README.md when TRL asks for a card (at every checkpoint save and push). None: TRL's own
+    # card, named ReSPO with the paper's citation and tags. The recipe sets respo_trl.hub.card.write_trainer_card
+    # (kernel, reuse, measured numbers) on the instance; the trainer never imports the card code.
+    card_writer = None
 
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *rest, **kwargs):
         check_trl_hooks()
@@ -426,23 +425,11 @@ class ReSPOTrainer(RoutingReplayMixin, ReSPOLoss, GRPOTrainer):
         self._step = 0
         self.rollouts.batch = None
 
-    # -- model card and Hub (logic in respo_trl/hub/) -------------------------------------------------------------------
+    # -- model card ------------------------------------------------------------------------------------------------
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """Write ReSPO's card (method, kernel, reuse, versions, eval table, curves) to ``output_dir/README.md``."""
+        """The card ``card_writer`` writes (``respo_trl.hub.card.write_trainer_card`` in the recipe), else TRL's."""
+        if self.card_writer is None:
+            return super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
         if self.is_world_process_zero():
-            write_trainer_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags)
-
-    def init_hf_repo(self, token=None, private=None):
-        with hub_failure(self, "create the Hub repository"):
-            super().init_hf_repo(token=token, private=private)
-
-    def push_to_hub(
-        self, commit_message="End of training", blocking=True, token=None, revision=None, private=None, **kwargs
-    ):
-        """transformers' push; if the Hub is unusable, a ``HubPushError`` that says why, with the model saved locally."""
-        with hub_failure(self, "push to the Hub repository", save_if_unsaved=True):
-            return super().push_to_hub(
-                commit_message=commit_message, blocking=blocking, token=token, revision=revision, private=private,
-                **kwargs,
-            )
+            self.card_writer(self, model_name=model_name, dataset_name=dataset_name, tags=tags)

@@ -106,14 +106,14 @@ def assert_loadable(output_dir: Path):
 
 
 def test_push_offline_fails_clearly_and_saves_the_model(make_trainer, tmp_path):
-    from respo_trl.hub.push import HubPushError
+    from respo_trl.hub.push import HubPushError, push_to_hub
 
     trainer = make_trainer(max_steps=1, hub_model_id="me/tiny-respo", hub_token="hf_invalid")
     trainer.train()
     output_dir = tmp_path / "out"
     assert not (output_dir / "model.safetensors").exists()  # nothing saved yet: only the push would save it
     with pytest.raises(HubPushError) as error:
-        trainer.push_to_hub()
+        push_to_hub(trainer)
     message = str(error.value)
     assert "offline mode" in message and "HF_HUB_OFFLINE" in message and "'me/tiny-respo'" in message
     assert f"local copy is intact in {output_dir}" in message and "hf upload me/tiny-respo" in message
@@ -121,7 +121,7 @@ def test_push_offline_fails_clearly_and_saves_the_model(make_trainer, tmp_path):
 
 
 def test_push_to_unreachable_endpoint_leaves_checkpoint_intact(make_trainer, tmp_path, hub_endpoint):
-    from respo_trl.hub.push import HubPushError
+    from respo_trl.hub.push import HubPushError, push_to_hub
 
     trainer = make_trainer(max_steps=1, hub_model_id="me/tiny-respo", hub_token="hf_invalid")
     trainer.train()
@@ -131,7 +131,7 @@ def test_push_to_unreachable_endpoint_leaves_checkpoint_intact(make_trainer, tmp
     url = closed_port_url()
     hub_endpoint(url)
     with pytest.raises(HubPushError) as error:
-        trainer.push_to_hub()
+        push_to_hub(trainer)
     assert f"could not reach the Hub at {url}" in str(error.value) and "local copy is intact" in str(error.value)
     after = digest(output_dir)
     assert all(after[name] == sha for name, sha in before.items()), "a saved file changed"  # (the card may be added)
@@ -139,14 +139,14 @@ def test_push_to_unreachable_endpoint_leaves_checkpoint_intact(make_trainer, tmp
 
 
 def test_bad_token_is_named_and_upload_refusal_keeps_local_files(make_trainer, tmp_path, hub_endpoint, stub_hub):
-    from respo_trl.hub.push import HubPushError
+    from respo_trl.hub.push import HubPushError, push_to_hub
 
     url, handler, calls = stub_hub
     hub_endpoint(url)
     trainer = make_trainer(max_steps=1, hub_model_id="me/tiny-respo", hub_token="hf_invalid")
     trainer.train()
     with pytest.raises(HubPushError) as error:
-        trainer.push_to_hub()
+        push_to_hub(trainer)
     assert "rejected the token (HTTP 401)" in str(error.value) and "hf auth login" in str(error.value)
     # (huggingface_hub may also POST its own telemetry, e.g. /api/agent-harnesses, once per process: not asserted on)
     assert "/api/repos/create" in calls and not any("preupload" in c or "commit" in c for c in calls)
@@ -156,7 +156,7 @@ def test_bad_token_is_named_and_upload_refusal_keeps_local_files(make_trainer, t
     handler.create_status = 200
     calls.clear()
     with pytest.raises(HubPushError) as error:
-        trainer.push_to_hub()
+        push_to_hub(trainer)
     assert "rejected the token (HTTP 403)" in str(error.value)
     assert "/api/repos/create" in calls  # created, then the upload was refused
     assert calls[calls.index("/api/repos/create") + 1 :], calls
@@ -164,17 +164,23 @@ def test_bad_token_is_named_and_upload_refusal_keeps_local_files(make_trainer, t
 
 
 def test_push_to_hub_at_construction_fails_clearly(make_trainer, hub_endpoint):
-    from respo_trl.hub.push import HubPushError
+    from respo_trl.hub.push import HubPushError, push_to_hub
 
     url = closed_port_url()
     hub_endpoint(url)
+    from types import SimpleNamespace
+
+    from respo_trl.hub.push import creating_repository
+
+    args = SimpleNamespace(output_dir="out", hub_model_id="me/tiny-respo")  # what the message reads of the config
     with pytest.raises(HubPushError, match="Could not create the Hub repository 'me/tiny-respo'.*could not reach"):
-        make_trainer(max_steps=1, push_to_hub=True, hub_model_id="me/tiny-respo", hub_token="hf_invalid")
+        with creating_repository(args):  # the recipe builds its trainer in here
+            make_trainer(max_steps=1, push_to_hub=True, hub_model_id="me/tiny-respo", hub_token="hf_invalid")
 
 
 def test_local_errors_are_not_reported_as_hub_errors(make_trainer, monkeypatch):
     """A disk problem while saving must surface as itself, not as a network failure."""
-    from respo_trl.hub.push import HubPushError
+    from respo_trl.hub.push import HubPushError, push_to_hub
 
     trainer = make_trainer(max_steps=1, hub_model_id="me/tiny-respo")
     trainer.hub_model_id = "me/tiny-respo"  # repository already created: transformers saves before uploading
@@ -184,7 +190,7 @@ def test_local_errors_are_not_reported_as_hub_errors(make_trainer, monkeypatch):
 
     monkeypatch.setattr(trainer, "save_model", disk_full)
     with pytest.raises(OSError, match="No space left") as error:
-        trainer.push_to_hub()
+        push_to_hub(trainer)
     assert not isinstance(error.value, HubPushError)
 
 
@@ -194,6 +200,7 @@ def test_push_uploads_exactly_one_model(make_trainer, tmp_path, monkeypatch):
     import transformers.trainer
     from huggingface_hub.utils import filter_repo_objects
 
+    from respo_trl.hub.push import push_to_hub
     from respo_trl.recipe import BEST_HELDOUT_DIR
 
     trainer = make_trainer(max_steps=1, push_to_hub=False)
@@ -214,7 +221,7 @@ def test_push_uploads_exactly_one_model(make_trainer, tmp_path, monkeypatch):
 
     monkeypatch.setattr(transformers.trainer, "hf_api", lambda: FakeApi())
     trainer.hub_model_id = None  # as with push_to_hub=False: the push creates the repository first
-    trainer.push_to_hub(commit_message="ReSPO run 7", blocking=False, revision="v1", token="hf_run7", private=True,
+    push_to_hub(trainer, commit_message="ReSPO run 7", blocking=False, revision="v1", token="hf_run7", private=True,
                         tags=["run-7-tag"])  # fmt: skip
     (call,) = calls
     assert call["commit_message"] == "ReSPO run 7" and call["run_as_future"] and call["revision"] == "v1"

@@ -70,6 +70,9 @@ def trained(tokenizer, toy_dataset, tmp_path_factory):
         train_dataset=toy_dataset,
         processing_class=tokenizer,
     )
+    from respo_trl.hub.card import write_trainer_card
+
+    trainer.card_writer = write_trainer_card  # as the recipe sets it
     trainer.train()
     card_after_training = (output_dir / "README.md").read_text()  # written by the last checkpoint save
     trainer.save_model()
@@ -252,7 +255,10 @@ def test_card_of_a_run_from_converted_gguf_weights_says_so_and_names_its_grader(
 
 
 def test_baseline_card_names_the_trl_loss(make_trainer, tmp_path):
+    from respo_trl.hub.card import write_trainer_card
+
     trainer = make_trainer(loss_type="dapo", max_steps=1)
+    trainer.card_writer = write_trainer_card
     trainer.create_model_card(model_name="tiny-dapo", tags=["baseline"])
     card = (tmp_path / "out" / "README.md").read_text()
     assert "running TRL's `dapo` loss" in card and "| `epsilon` | 0.2 |" in card
@@ -305,3 +311,23 @@ def test_template_is_package_data():
     assert "{{ card_data }}" in template
     pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     assert '"hub/templates/*.md"' in pyproject  # shipped in the wheel, so an installed trainer finds it
+
+
+def test_without_a_card_writer_the_trainer_writes_trls_card_naming_respo_and_imports_no_card_code(make_trainer, tmp_path):
+    """The trainer needs no card code to train (issue 34): unless a writer is set (the recipe sets ReSPO's), TRL's own
+    card is written, with ReSPO's name, the paper's citation and tags."""
+    import ast
+    import inspect
+
+    import respo_trl.trainer
+
+    imported = {node.module for node in ast.walk(ast.parse(inspect.getsource(respo_trl.trainer)))
+                if isinstance(node, ast.ImportFrom) and node.module}  # fmt: skip
+    assert not [m for m in imported if m.split(".")[0] == "hub" or ".hub" in m or m.startswith("respo_trl.hub")]
+    assert not [m for m in imported if "demo" in m]
+    trainer = make_trainer(max_steps=1)
+    assert trainer.card_writer is None
+    trainer.create_model_card(model_name="tiny")
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "ReSPO" in card and "2609.35433" in card and "respo" in ModelCard(card).data.tags
+    assert "| hyperparameter | value |" not in card  # ReSPO's own card has this table; TRL's does not

@@ -26,7 +26,6 @@ import math
 import os
 import re
 import shutil
-import textwrap
 from importlib.metadata import PackageNotFoundError, version
 from importlib.resources import files
 from pathlib import Path
@@ -35,6 +34,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from ..batching import updates_per_rollout
 from ..kernels import CONSTANT_KEYS, RESPO_DEFAULTS
+from ..paper import RESPO_CITATION, TRAINER_TAGS
 
 TEMPLATE = "hub/templates/model_card.md"  # package data of respo_trl
 RESULTS_FILE = "eval_math.json"  # recipes/eval_math.py
@@ -42,14 +42,6 @@ CURVES_FILE = "training_curves.png"
 CARD_TAGS = ("respo", "trl", "rlvr", "reinforcement-learning")
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 NOT_WEIGHTS = ("training_args.bin", "optimizer.bin", "scheduler.bin", "rng_state.bin")
-TRAINER_TAGS = ("trl", "grpo", "respo", "rlvr", "reinforcement-learning")  # ReSPOTrainer's Hub tags
-RESPO_CITATION = textwrap.dedent("""\
-    @article{respo2026,
-        title        = {{ReSPO: Reshaped Sequence Policy Optimization for Gradient Starvation in Off-Policy Learning}},
-        author       = {Chen and Ban and Hsieh},
-        year         = 2026,
-        eprint       = {arXiv:2609.35433},
-    }""")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # Licenses of base models we know (Hub id prefix -> SPDX id); a checkpoint of another base model says "the base model's"
 KNOWN_LICENSES = {"Qwen/Qwen3-": "apache-2.0", "Qwen/Qwen2.5-": "apache-2.0"}

@@ -63,6 +63,30 @@ def _saved(output_dir: str) -> bool:
     return any(os.path.isfile(os.path.join(output_dir, name)) for name in ("config.json", "adapter_config.json"))
 
 
+def push_to_hub(trainer, **kwargs):
+    """``trainer.push_to_hub(**kwargs)`` (transformers' push, TRL's arguments) with ReSPO's card, and a Hub that cannot
+    be used reported as a :class:`HubPushError` that says why, the model saved locally first. The recipe pushes
+    through this; so can any script that trained a ``ReSPOTrainer``."""
+    if trainer.card_writer is None:
+        from .card import write_trainer_card
+
+        trainer.card_writer = write_trainer_card
+    with hub_failure(trainer, "push to the Hub repository", save_if_unsaved=True):
+        return trainer.push_to_hub(**kwargs)
+
+
+@contextmanager
+def creating_repository(args):
+    """Around building a trainer with ``push_to_hub=True`` (transformers creates the repository then): a Hub that
+    cannot be used is a :class:`HubPushError` naming the repository, before any compute is spent."""
+    try:
+        yield
+    except HUB_ERRORS as error:
+        why = error.why if isinstance(error, HubPushError) else reason(error)
+        repo = args.hub_model_id or os.path.basename(os.path.abspath(args.output_dir))
+        raise HubPushError(f"Could not create the Hub repository {repo!r}: {why}. Nothing was uploaded.", why) from error
+
+
 @contextmanager
 def hub_failure(trainer, action: str, save_if_unsaved: bool = False):
     """Re-raise Hub and network errors of the block as :class:`HubPushError`.

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import time
 
+from ..hub.card import write_trainer_card
+from ..hub.push import creating_repository, push_to_hub
 from ..rewards import ACCURACY_REWARDS
 from .args import RecipeArguments, build_reward, parse_args, plan_table
 from .cli import Interrupted, one_line_errors
@@ -54,11 +56,13 @@ def main(script_args: RecipeArguments, training_args, model_args) -> dict:
 
     # -- 3. the trainer, held-out accuracy of its current weights, and the run's report ------------------------------
     evaluates_in_trainer = script_args.eval_mode == "sampled" or training_args.eval_strategy != "no"
-    trainer = ReSPOTrainer(
-        model=model, reward_funcs=reward_funcs, args=training_args, train_dataset=train_dataset,
-        eval_dataset=heldout if evaluates_in_trainer else None, processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
-    )  # fmt: skip
+    with creating_repository(training_args):  # push_to_hub=True creates the Hub repository here
+        trainer = ReSPOTrainer(
+            model=model, reward_funcs=reward_funcs, args=training_args, train_dataset=train_dataset,
+            eval_dataset=heldout if evaluates_in_trainer else None, processing_class=tokenizer,
+            peft_config=get_peft_config(model_args),
+        )  # fmt: skip
+    trainer.card_writer = write_trainer_card  # ReSPO's card at every save and push (the kernel, the measured numbers)
     evaluator = HeldoutEvaluator(trainer, script_args, training_args, heldout, accuracy_fn)
     report = RunReport(script_args, training_args, model_args, model_name, model_info, trainer, state.num_processes,
                        resume, is_main=state.is_main_process)  # fmt: skip
@@ -93,7 +97,7 @@ def main(script_args: RecipeArguments, training_args, model_args) -> dict:
     trainer.save_state()  # trainer_state.json: the full log history the plots are drawn from
     result = report.finish(train_result, evaluator.sampled, started)
     if training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+        push_to_hub(trainer, dataset_name=script_args.dataset_name)
         trainer.accelerator.print(f"pushed to https://huggingface.co/{trainer.hub_model_id}")
     trainer.accelerator.wait_for_everyone()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
