@@ -7,7 +7,7 @@ can be checked before compute is spent; build the model (dense or MoE), tokenize
 here; measure held-out accuracy; train with ``ReSPOTrainer``; measure again; save, write ``report.json``, plots and the
 model card into ``output_dir``, and push to the Hub with ``--push_to_hub``. Every TRL/transformers argument keeps its
 usual meaning. The flow reads top to bottom in ``respo_trl/recipe/train.py`` (``main``, shaped like TRL's
-``trl/scripts/grpo.py``); this file is what you launch, and its presets are ``recipes/configs/``.
+``trl/scripts/grpo.py``); this file is what you launch, and its presets are ``respo_trl/recipe/presets/`` (package data: ``--preset NAME``).
 
 With no arguments it runs the embedded default, ``--preset tiny-cpu``: on a CPU, with nothing downloaded, a tiny Qwen3
 and a character tokenizer are built locally, warm-started by a short supervised fine-tune on a built-in multi-step
@@ -15,7 +15,7 @@ arithmetic task (``respo_trl.demo.tasks``), then trained with ReSPO under 4x rol
 CPU cores, greedy held-out accuracy 15-23% -> 89-97% over seeds 0-2 (final checkpoint; the numbers depend on the CPU
 type, docs/recipes.md has them).
 
-Launch lines (presets in recipes/configs/, launch configs in recipes/accelerate/, details in docs/recipes.md):
+Launch lines (presets in respo_trl/recipe/presets/, launch configs in recipes/accelerate/, details in docs/recipes.md):
 
     # CPU, nothing downloaded (the embedded default); the same with overrides
     accelerate launch recipes/qwen3_respo.py
@@ -53,13 +53,10 @@ traceback. Ctrl-C says how to resume.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from respo_trl.recipe import cli  # after the environment it reads
 
-CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
-
 if __name__ == "__main__":
-    cli(configs_dir=CONFIGS_DIR)
+    cli()

@@ -102,7 +102,7 @@ def test_presets_fix_steps_per_generation_so_the_batch_scales_with_gpus():
     import yaml
 
     for preset in QWEN3_PRESETS:
-        config = yaml.safe_load((ROOT / "recipes" / "configs" / f"{preset}.yaml").read_text())
+        config = yaml.safe_load((ROOT / "respo_trl" / "recipe" / "presets" / f"{preset}.yaml").read_text())
         assert "generation_batch_size" not in config and config["steps_per_generation"] >= 1, preset
 
 
@@ -215,7 +215,7 @@ def test_paper_yaml_states_the_staleness_once(recipe, preset):
     for the launch (8 processes x 2 x 16 = 256; N = 8 -> 128), never stated beside them (0.3 stated N three times)."""
     import yaml
 
-    config = yaml.safe_load((ROOT / "recipes" / "configs" / f"{preset}.yaml").read_text())
+    config = yaml.safe_load((ROOT / "respo_trl" / "recipe" / "presets" / f"{preset}.yaml").read_text())
     assert config["respo_updates_per_rollout"] == 8 and config["prompts_per_update"] == 32
     assert not {"updates_per_rollout", "steps_per_generation", "gradient_accumulation_steps",
                 "generation_batch_size"} & set(config)  # fmt: skip
@@ -785,7 +785,7 @@ def test_long_response_presets_compute_the_lm_head_in_fp32(recipe):
 
     long_presets = []
     for preset in recipe.available_presets():
-        config = yaml.safe_load((ROOT / "recipes" / "configs" / f"{preset}.yaml").read_text())
+        config = yaml.safe_load((ROOT / "respo_trl" / "recipe" / "presets" / f"{preset}.yaml").read_text())
         if config.get("max_completion_length", 0) >= 4096:
             long_presets.append(preset)
             assert config.get("cast_lm_head_to_fp32") is True, preset

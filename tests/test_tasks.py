@@ -267,7 +267,7 @@ def test_heldout_split_exports_as_an_eval_math_file_matching_the_recipe(tmp_path
     import yaml
     from conftest import ROOT
 
-    cfg = yaml.safe_load((ROOT / "recipes" / "configs" / "tiny-cpu.yaml").read_text())  # the CLI's defaults follow it
+    cfg = yaml.safe_load((ROOT / "respo_trl" / "recipe" / "presets" / "tiny-cpu.yaml").read_text())  # the CLI's defaults follow it
     preset = ArithmeticTask(
         min_terms=cfg["task_min_terms"], max_terms=cfg["task_max_terms"], max_operand=cfg["task_max_operand"],
         operators=cfg["task_operators"], teacher_error_rate=cfg["task_teacher_error_rate"],

@@ -313,7 +313,7 @@ def main(argv=None) -> None:
     parser.add_argument("--split", choices=SPLITS, default="test")
     parser.add_argument("--n", type=int, default=500, help="number of problems")
     parser.add_argument("--seed", type=int, default=0, help="the recipe's --task_seed")
-    # defaults: recipes/configs/tiny-cpu.yaml
+    # defaults: respo_trl/recipe/presets/tiny-cpu.yaml
     parser.add_argument("--min_terms", type=int, default=3)
     parser.add_argument("--max_terms", type=int, default=5)
     parser.add_argument("--max_operand", type=int, default=9)

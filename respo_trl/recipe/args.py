@@ -4,7 +4,7 @@ can run before a model, tokenizer or dataset is loaded.
 ``recipes/qwen3_respo.py`` reads ``RecipeArguments``, a :class:`~respo_trl.ReSPOConfig` and a ``trl.ModelConfig``
 from a YAML preset plus command-line overrides (:func:`parse_args`). The checks here exist so that a preset sized for
 8 GPUs, a typo in a flag or a batch that does not divide fails in seconds, with one line that says what to change,
-instead of after minutes of model loading. Presets live next to the recipe (``recipes/configs/``); the functions take
+instead of after minutes of model loading. Presets are package data (``respo_trl/recipe/presets/``); the functions take
 that folder as an argument.
 """
 
@@ -29,9 +29,9 @@ class RecipeError(ValueError):
 
 
 DEFAULT_PRESET = "tiny-cpu"
-# The presets ship with the repository, next to the script users launch (recipes/configs/); a checkout or an editable
-# install finds them here, and --config <path.yaml> works anywhere.
-PRESETS_DIR = Path(__file__).resolve().parents[2] / "recipes" / "configs"
+# The presets are package data (respo_trl/recipe/presets/*.yaml): they resolve the same from a checkout, an editable
+# install or an installed wheel.
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 # Presets renamed by a release: the old name is refused with the new one.
 RENAMED_PRESETS = {f"qwen3-{size}": f"qwen3-{size}-epochs4" for size in ("0.6b", "1.7b", "4b", "8b", "14b", "30b-a3b")}
 RENAMED_PRESETS["tiny_cpu"] = "tiny-cpu"  # 0.3: every preset name uses dashes
@@ -61,7 +61,7 @@ class RecipeArguments:
 
     preset: str | None = field(
         default=None,
-        metadata={"help": "Name of a YAML preset in recipes/configs/ (e.g. 'paper-qwen3-1.7b-base' or 'qwen3-4b-epochs4'); same as --config <path>."},
+        metadata={"help": "Name of a YAML preset in respo_trl/recipe/presets/ (e.g. 'paper-qwen3-1.7b-base' or 'qwen3-4b-epochs4'); same as --config <path>."},
     )
     # -- data -------------------------------------------------------------------------------------------------------
     dataset_name: str = field(
