@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from .batching import steps_from_updates
 from .kernels import BRANCH_KINDS, CONSTANT_KEYS, RESPO_DEFAULTS, TRL_LOSS_TYPES, check_constant
 from .routing_replay_hooks import config_problems
 
@@ -269,7 +270,7 @@ class ReSPOConfig(GRPOConfig):
         if n is None:
             return
         _positive_int("respo_updates_per_rollout", n)
-        steps = n * self.gradient_accumulation_steps
+        steps = steps_from_updates(n, self.gradient_accumulation_steps)  # the one conversion (batching.py)
         if self.generation_batch_size is not None:
             raise ValueError(
                 f"respo_updates_per_rollout={n} and generation_batch_size={self.generation_batch_size} both size the "

@@ -15,6 +15,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, split_pixel_values_by_grid, unsplit_pixel_values_by_grid
 
+from .batching import micro_steps_per_cycle
 from .buffer import (
     VERSION_KEY,
     RolloutBuffer,
@@ -98,6 +99,8 @@ class ReSPOTrainer(RoutingReplayMixin, ReSPOLoss, GRPOTrainer):
                 logger.warning(line, main_process_only=True)
         self.loss_params = LossParams.from_config(args)
         self._loss_name = registered_loss_for(self.loss_type)
+        # micro-steps one rollout batch serves (N x accumulation per pass, R passes): the batch plan's arithmetic
+        self._cycle_micro_steps = micro_steps_per_cycle(args.steps_per_generation, self.num_iterations)
         self.rollouts = RolloutBuffer(
             reuse=args.respo_reuse,
             steps_per_generation=args.steps_per_generation,
@@ -121,7 +124,7 @@ class ReSPOTrainer(RoutingReplayMixin, ReSPOLoss, GRPOTrainer):
         if not self.model.training:
             return super()._prepare_inputs(generation_batch)  # evaluation: TRL's path, no buffering
         per_pass = self.args.steps_per_generation
-        cycle_pass, micro_index = divmod(self._step % (per_pass * self.num_iterations), per_pass)
+        cycle_pass, micro_index = divmod(self._step % self._cycle_micro_steps, per_pass)
         if cycle_pass == 0 and micro_index == 0:
             self._fill_buffer(generation_batch)
         elif self.rollouts.is_empty:  # mid-cycle with nothing stored: resampling here would silently change the run
@@ -388,7 +391,7 @@ class ReSPOTrainer(RoutingReplayMixin, ReSPOLoss, GRPOTrainer):
         # The buffer goes in first so that a checkpoint pushed to the Hub by super() carries it too; super() writes
         # trainer_state.json last, which is what marks a checkpoint complete (buffer.checkpoint_status).
         checkpoint_dir = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        passes_left = self._step % (self.args.steps_per_generation * self.num_iterations) != 0
+        passes_left = self._step % self._cycle_micro_steps != 0
         self.rollouts.save(
             checkpoint_dir,
             self.accelerator.process_index,
@@ -411,7 +414,7 @@ class ReSPOTrainer(RoutingReplayMixin, ReSPOLoss, GRPOTrainer):
     def _resume_without_buffer(self, checkpoint) -> None:
         """A checkpoint written by plain ``GRPOTrainer`` (no rollout buffer): start a new generation cycle, as TRL's own
         resume does, and say whether anything of the interrupted batch is lost."""
-        cycle = self.args.steps_per_generation * self.num_iterations
+        cycle = self._cycle_micro_steps
         micro_steps = self.state.global_step * self.args.gradient_accumulation_steps
         if micro_steps % cycle == 0:
             logger.info(f"{checkpoint} has no rollout buffer; it ends a generation cycle, so nothing is lost.")

@@ -22,7 +22,7 @@ def test_an_installed_wheel_lists_and_resolves_its_presets(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
                    check=True, capture_output=True, timeout=300)  # fmt: skip
     code = (
-        "import json, respo_trl.recipe.args as a; "
+        "import json, respo_trl.recipe.presets as a; "
         "print(json.dumps([a.__file__, a.available_presets(), a.resolve_argv(['--preset', 'smollm2-135m-cpu-vllm'], "
         "a.PRESETS_DIR)[1], a.resolve_argv([], a.PRESETS_DIR)[1]]))"
     )

@@ -17,23 +17,13 @@ It imports TRL (it is glue, like the trainer); nothing in the library imports it
 """
 
 from ..batching import batch_plan
-from .args import (
-    ALGORITHMS,
-    BUILTIN_PREFIX,
-    DEFAULT_PRESET,
-    EVAL_MODES,
-    PRESETS_DIR,
-    RecipeArguments,
-    RecipeError,
-    available_presets,
-    build_reward,
-    parse_args,
-    plan_table,
-    validate_args,
-)
+from .args import parse_args, plan_table
+from .arguments import ALGORITHMS, BUILTIN_PREFIX, EVAL_MODES, RecipeArguments, RecipeError
+from .checks import build_reward, validate_args
 from .cli import Interrupted, one_line_errors
 from .data import build_datasets, drop_long_prompts, load_split, to_conversation
 from .evaluation import BEST_HELDOUT_DIR, HeldoutEvaluator, greedy_accuracy, sampled_accuracy
+from .presets import DEFAULT_PRESET, PRESETS_DIR, available_presets
 from .model import build_tiny, configure_moe, inspect_model, load_tokenizer, pick_cpu_threads, warm_start
 from .report import CURVE_FILE, RunReport
 from .train import cli, main

@@ -2,7 +2,7 @@
 
 A user who mistypes a flag, points at a model directory that does not exist or presses Ctrl-C wants the reason and
 the next command, not 20-140 lines of traceback (doubled by ``accelerate launch``). Problems with the input are
-:class:`~respo_trl.recipe.args.RecipeError` (and, while parsing, the ``ValueError`` of a config field TRL or ReSPO
+:class:`~respo_trl.recipe.arguments.RecipeError` (and, while parsing, the ``ValueError`` of a config field TRL or ReSPO
 rejects); anything else is a bug and keeps its traceback. ``RESPO_TRACEBACK=1`` shows the traceback in every case.
 """
 
@@ -14,7 +14,7 @@ import sys
 from contextlib import contextmanager
 
 from ..buffer import last_complete_checkpoint
-from .args import RecipeError
+from .arguments import RecipeError
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .args import BUILTIN_PREFIX, RecipeArguments, RecipeError
+from .arguments import BUILTIN_PREFIX, RecipeArguments, RecipeError
 
 # DAPO-Math-17k's instruction around every problem (it asks for an "Answer:" line); the paper's data preparation
 # removes it and asks for \boxed{} instead (--strip_dapo_instruction, --prompt_template).

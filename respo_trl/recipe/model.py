@@ -8,7 +8,7 @@ import os
 from trl import ModelConfig
 
 from ..config import ReSPOConfig
-from .args import RecipeArguments, RecipeError
+from .arguments import RecipeArguments, RecipeError
 
 
 def inspect_model(model_args: ModelConfig, training_args: ReSPOConfig):

@@ -128,3 +128,10 @@ def _label(ax, title: str, ylabel: str, xlabel: str = "optimizer step") -> None:
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
+
+
+def reward_description(reward_funcs: Sequence[str], reward_weights: Sequence[float] | None) -> str:
+    """Axis label saying what the training reward sums, e.g. 'mean training reward = 1 x accuracy + 0.1 x format'."""
+    weights = reward_weights or [1.0] * len(reward_funcs)
+    terms = " + ".join(f"{w:g} x {name}" for w, name in zip(weights, reward_funcs))
+    return f"mean training reward = {terms}"

@@ -16,7 +16,6 @@ from dataclasses import asdict
 CURVE_FILE = "heldout_curve.json"  # every held-out point as it is measured: a resumed run keeps the curve
 
 from ..batching import batch_plan
-from .args import reward_description
 
 
 def log_launch(script_args, training_args, world: int, logger) -> None:
@@ -94,7 +93,7 @@ def training_summary(trainer, train_result, training_args, world: int, sampled: 
 
 def write_report(report: dict, trainer, script_args, training_args, model_args, model_name: str) -> None:
     """Plots, ``report.json`` and the model card (which reads the held-out numbers from it), on the main process."""
-    from .plots import plot_run
+    from .plots import plot_run, reward_description
 
     out = training_args.output_dir
     report["args"] = {"script": asdict(script_args), "model": asdict(model_args)}
@@ -105,7 +104,7 @@ def write_report(report: dict, trainer, script_args, training_args, model_args, 
         title=f"{model_name}, {training_args.loss_type} R={training_args.respo_reuse}, seed {training_args.seed}",
         accuracy_label=f"held-out accuracy, {script_args.eval_mode}",
         loss_name=training_args.loss_type,
-        reward_label=reward_description(script_args, training_args),
+        reward_label=reward_description(script_args.reward_funcs, training_args.reward_weights),
     )
     curves = os.path.join(out, "training_curves.png")  # the model card's (respo_trl.hub.card)
     if os.path.isfile(curves):

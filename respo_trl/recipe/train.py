@@ -13,7 +13,9 @@ import time
 from ..hub.card import write_trainer_card
 from ..hub.push import creating_repository, push_to_hub
 from ..rewards import ACCURACY_REWARDS
-from .args import RecipeArguments, build_reward, parse_args, plan_table
+from .args import parse_args, plan_table
+from .arguments import RecipeArguments
+from .checks import build_reward
 from .cli import Interrupted, one_line_errors
 from .data import check_datasets, load_datasets
 from .evaluation import HeldoutEvaluator, make_callbacks
