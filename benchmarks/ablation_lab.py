@@ -2,7 +2,7 @@
 
 What it does
 ------------
-Runs the starvation lab (``benchmarks/starvation_lab.py``: its task, its training loop, its diagnostics; nothing is
+Runs the starvation lab's engine (``benchmarks/starvation_sim.py``: its task, training loop and diagnostics; nothing is
 re-simulated here) for ReSPO *variants only*, against clipped token PPO (TRL ``dapo``, the ``ppo`` registry loss) as
 the reference row, in both lab regimes (``moderate``: Adam lr 0.1, ``stress``: lr 1.0), under both kinds of reuse:
 epochs ``R = 4`` and staleness ``N`` in {8, 32} (the paper's reuse), 8 seeds. ``R = 8`` (a second epoch check) and
@@ -55,10 +55,10 @@ run: N = 32).
 
 How to run
 ----------
-    OMP_NUM_THREADS=1 python benchmarks/ablation_lab.py          # full grid + confirmation, ~9 CPU-min
-    python benchmarks/ablation_lab.py --quick --out /tmp/abl     # smoke size, seconds
-    python benchmarks/ablation_lab.py --markdown-from docs/benchmarks/ablation_lab.json
-    python benchmarks/ablation_lab.py --factors mask --seeds 0 1 2 --no-confirm --out /tmp/abl
+    OMP_NUM_THREADS=1 python -m benchmarks.ablation_lab          # full grid + confirmation, ~9 CPU-min
+    python -m benchmarks.ablation_lab --quick --out /tmp/abl     # smoke size, seconds
+    python -m benchmarks.ablation_lab --markdown-from docs/benchmarks/ablation_lab.json
+    python -m benchmarks.ablation_lab --factors mask --seeds 0 1 2 --no-confirm --out /tmp/abl
 
 Writes ``--out``/``ablation_lab.json`` (default ``docs/benchmarks``) and ``ablation_lab.png`` (final reward by
 variant, both regimes, the primary and check settings, error bars = std over seeds, clipped PPO as a band).
@@ -82,13 +82,11 @@ from typing import Callable
 
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from benchmarks import starvation_sim as sim
+from benchmarks.common import command, machine_info
+from respo_trl.kernels import POLICY_LOSSES, LossParams, register_policy_loss, respo_coefficients
 
-from benchmarks import starvation_lab as lab  # noqa: E402
-from benchmarks.machine import machine_info  # noqa: E402
-from respo_trl.kernels import POLICY_LOSSES, LossParams, register_policy_loss, respo_coefficients  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def respo_symmetric_mask_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None):
@@ -160,8 +158,8 @@ def variant_label(overrides: dict, registry: str = "respo") -> str:
     return " ".join(parts) or DEFAULT_LABEL
 
 
-# the starvation lab's normalised-ReSPO losses (ess at rho_min = lab.ESS_RHO_MIN = 0.5) and their labels
-NORM_LABELS = {"respo_mean": "norm=mean", "respo_sqrt": "norm=sqrt", "respo_ess": f"norm=ess({_num(lab.ESS_RHO_MIN)})"}
+# the starvation lab's normalised-ReSPO losses (ess at rho_min = sim.ESS_RHO_MIN = 0.5) and their labels
+NORM_LABELS = {"respo_mean": "norm=mean", "respo_sqrt": "norm=sqrt", "respo_ess": f"norm=ess({_num(sim.ESS_RHO_MIN)})"}
 MASK_LEVELS = [("respo", {"respo_trust_mask": True}), ("respo_symmetric", {})]
 POS_LEVELS = [{"respo_lambda_pos": 1.0}, {"respo_lambda_pos": 3.0}, {"respo_beta_pos": 0.25},
               {"respo_alpha_pos": 1.0}, {"respo_beta_pos": 0.0}]
@@ -216,8 +214,8 @@ def make_variants(factors=("norm", "mask", "pos", "neg"), levels: dict | None = 
 
 def lab_runner(cfg, settings: list[str], log=print) -> Callable[[dict], dict]:
     """A runner on the starvation lab at ``cfg``: ``variants -> {regime: {label: {"R=r"|"N=n": metrics}}}``."""
-    task = lab.Task(cfg, cfg.seeds)
-    reuse = [lab.Reuse.parse(k) for k in settings]
+    task = sim.Task(cfg, cfg.seeds)
+    reuse = [sim.Reuse.parse(k) for k in settings]
 
     def run(variants: dict) -> dict:
         kernels = {label: (v["registry"], v["overrides"]) for label, v in variants.items()}
@@ -225,7 +223,7 @@ def lab_runner(cfg, settings: list[str], log=print) -> Callable[[dict], dict]:
         out = {}
         for regime, lr in cfg.regimes:
             log(f"-- regime {regime!r}: Adam lr {lr}")
-            out[regime] = lab.run_regime(task, dataclasses.replace(cfg, lr=lr), kernels, LossParams(), log, start,
+            out[regime] = sim.run_regime(task, dataclasses.replace(cfg, lr=lr), kernels, LossParams(), log, start,
                                          settings=reuse, same_batch=False)
         return out
 
@@ -709,10 +707,10 @@ def main(argv: list[str] | None = None) -> dict:
         return result
 
     torch.set_num_threads(args.threads)
-    cfg = lab.LabConfig(**(QUICK if args.quick else FULL))
+    cfg = sim.LabConfig(**(QUICK if args.quick else FULL))
     settings = args.settings or (QUICK_SETTINGS if args.quick else FULL_SETTINGS)
     for key in settings:
-        lab.Reuse.parse(key)
+        sim.Reuse.parse(key)
     overrides = {"seeds": tuple(args.seeds)} if args.seeds else {}
     if args.batches:
         overrides["batches"] = args.batches
@@ -737,8 +735,7 @@ def main(argv: list[str] | None = None) -> dict:
         **result,
         "runtime_s": time.perf_counter() - t0,
         "cpu_s": time.process_time() - cpu0,
-        "command": "python benchmarks/ablation_lab.py " + " ".join(argv if argv is not None
-                                                                               else sys.argv[1:]),
+        "command": command("ablation_lab", argv if argv is not None else sys.argv[1:]),
         "machine": machine_info(),
     }
     print(f"wrote {write(result, args.out)}")

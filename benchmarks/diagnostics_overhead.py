@@ -6,7 +6,7 @@ clipped loss as a counterfactual, and gather one per-sequence table across proce
 on the same trainer (median of interleaved repeats), for tiny Qwen3 models of growing width. The tiny model is the
 worst case: the elementwise diagnostics are a larger share of a small model's step.
 
-    python benchmarks/diagnostics_overhead.py --out docs/benchmarks
+    python -m benchmarks.diagnostics_overhead --out docs/benchmarks
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from benchmarks.machine import QUIET_CPU_TRAINING, machine_info  # noqa: E402
+from benchmarks.common import QUIET_CPU_TRAINING, command, machine_info  # noqa: E402
 from respo_trl.rewards import crc_reward  # noqa: E402
 
 
@@ -113,7 +112,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "diagnostics_overhead.json"), "w") as f:
         machine = machine_info()
-        json.dump({"command": "python " + " ".join(sys.argv), "settings": vars(args), "machine": machine, "rows": rows}, f, indent=1)
+        json.dump({"command": command("diagnostics_overhead", sys.argv[1:]), "settings": vars(args), "machine": machine, "rows": rows}, f, indent=1)
     print(f"\n{'model':>22} {'tokens':>7} {'with (ms)':>10} {'without (ms)':>13} {'ratio':>6}")
     for r in rows:
         name = f"{r['params_m']:.2f}M ({r['hidden']}x{r['layers']})"

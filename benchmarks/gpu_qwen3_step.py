@@ -19,8 +19,8 @@ What it measures (random-init weights from the published Qwen3 configurations; n
 
 Run on a GPU machine (prints a table last, writes ``$OUT/gpu_qwen3_step.json`` or ``--out``):
 
-    python benchmarks/gpu_qwen3_step.py --out docs/benchmarks
-    python benchmarks/gpu_qwen3_step.py --smoke          # tiny shapes, runs on CPU too: checks the script itself
+    python -m benchmarks.gpu_qwen3_step --out docs/benchmarks
+    python -m benchmarks.gpu_qwen3_step --smoke          # tiny shapes, runs on CPU too: checks the script itself
 """
 
 from __future__ import annotations
@@ -29,14 +29,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 import traceback
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from respo_trl.kernels import LossParams, respo_coefficients, vespo_phi  # noqa: E402
+from respo_trl.kernels import LossParams, respo_coefficients, vespo_phi
 
 QWEN3 = {  # published configs (hidden, layers, heads, kv heads, intermediate, tied embeddings)
     "Qwen3-0.6B": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, intermediate_size=3072, tie_word_embeddings=True),

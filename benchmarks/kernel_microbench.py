@@ -33,9 +33,9 @@ backward above the inputs, gradient included. On CUDA: ``max_memory_allocated`` 
 
 How to run
 ----------
-    OMP_NUM_THREADS=1 python benchmarks/kernel_microbench.py    # CPU: docs/benchmarks/kernel_microbench.*
-    python benchmarks/kernel_microbench.py --device cuda --out /tmp/kernel_microbench_cuda.json --no-plot
-    python benchmarks/kernel_microbench.py --lengths 1024 --repeats 5    # quick look
+    OMP_NUM_THREADS=1 python -m benchmarks.kernel_microbench    # CPU: docs/benchmarks/kernel_microbench.*
+    python -m benchmarks.kernel_microbench --device cuda --out /tmp/kernel_microbench_cuda.json --no-plot
+    python -m benchmarks.kernel_microbench --lengths 1024 --repeats 5    # quick look
 
 Without TRL installed (e.g. the GPU image), pass ``--trl-grpo-source path/to/trl/trainer/grpo_trainer.py`` (TRL
 1.16's file, copied along): ``vespo`` then runs TRL's ``get_gamma_weights`` compiled from that file.
@@ -57,16 +57,9 @@ import time
 
 import torch
 
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # `python benchmarks/<script>.py` from a checkout: benchmarks/ is a package
-
-from benchmarks.machine import machine_info  # noqa: E402
-from respo_trl.diagnostics import sequence_stats  # noqa: E402
-from respo_trl.kernels import LossParams, respo_coefficients  # noqa: E402
+from benchmarks.common import machine_info
+from respo_trl.diagnostics import sequence_stats
+from respo_trl.kernels import LossParams, respo_coefficients
 
 EPSILON = 0.2  # TRL's default epsilon (= epsilon_high when unset)
 PARAMS = LossParams()  # ReSPO (the paper's constants, no mask) and VESPO at the package / TRL defaults

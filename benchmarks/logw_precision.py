@@ -21,8 +21,8 @@ Per-token differences are independent across positions here, so the noise of a s
 windows of up to 256 tokens and reported as ``sqrt(T)`` times the per-token standard deviation for ``T`` up to 15,360
 (the paper's 1.7B response cap); the window measurements check the ``sqrt(T)`` scaling.
 
-    python benchmarks/logw_precision.py                 # ~6-11 min on one core; docs/benchmarks/logw_precision.json
-    python benchmarks/logw_precision.py --tokens 256    # a smoke run (the test suite)
+    python -m benchmarks.logw_precision                 # ~6-11 min on one core; docs/benchmarks/logw_precision.json
+    python -m benchmarks.logw_precision --tokens 256    # a smoke run (the test suite)
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import command, machine_info
 
 HIDDEN, VOCAB = 2048, 151_936  # Qwen3-1.7B (tied embeddings)
 LENGTHS = (1024, 4096, 8192, 15_360)
@@ -135,12 +134,11 @@ def main(argv=None) -> dict:
         print(markdown(result))
         return result
     torch.set_num_threads(1)
-    from benchmarks.machine import machine_info
 
     start = time.time()
     result = {"measurements": [measure(args.tokens, scale) for scale in args.logit_scales]}
     result.update(machine=machine_info(), wall_s=time.time() - start,
-                  command="python benchmarks/logw_precision.py " + " ".join(sys.argv[1:] if argv is None else argv))  # fmt: skip
+                  command=command("logw_precision", sys.argv[1:] if argv is None else argv))  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "logw_precision.json").write_text(json.dumps(result, indent=1))

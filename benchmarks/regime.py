@@ -19,14 +19,14 @@ rerun; ``--fresh`` starts a stage over):
 3. ``summary``: ``regime.json`` (gate, per-arm per-seed numbers, paired differences against ReSPO, the decision
    rule's verdict), tables and plots, from whatever has finished.
 
-    python benchmarks/regime.py gate                       # ~1.5 h on 2 cores
-    python benchmarks/regime.py compare                    # ~12 h on 2 cores, resumable across sessions
-    python benchmarks/regime.py compare --arms dapo respo --seeds 0 1   # a slice
-    python benchmarks/regime.py summary                    # JSON, tables and plots from the finished runs
-    python benchmarks/regime.py compare --out docs/benchmarks/regime_posthoc/x --gate-dir docs/benchmarks/regime/gate \
+    python -m benchmarks.regime gate                       # ~1.5 h on 2 cores
+    python -m benchmarks.regime compare                    # ~12 h on 2 cores, resumable across sessions
+    python -m benchmarks.regime compare --arms dapo respo --seeds 0 1   # a slice
+    python -m benchmarks.regime summary                    # JSON, tables and plots from the finished runs
+    python -m benchmarks.regime compare --out docs/benchmarks/regime_posthoc/x --gate-dir docs/benchmarks/regime/gate \
         --lr 7e-5 --arms respo --seeds 1 3                 # post-hoc, away from the gate's choice: no verdict
-    python benchmarks/regime.py summary --markdown         # the docs tables (docs/benchmarks.md, section 5)
-    python benchmarks/regime.py gate --smoke --out /tmp/regime   # seconds; what the test suite runs
+    python -m benchmarks.regime summary --markdown         # the docs tables (docs/benchmarks.md, section 5)
+    python -m benchmarks.regime gate --smoke --out /tmp/regime   # seconds; what the test suite runs
 
 Every run is the recipe (``recipes/qwen3_respo.py``) through ``ReSPOTrainer``, one torch thread per worker; the
 decision rule is written in docs/benchmarks.md (section 5) before the runs and applied by :func:`verdict`.
@@ -35,77 +35,47 @@ decision rule is written in docs/benchmarks.md (section 5) before the runs and a
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-import os
 import shutil
 import statistics
 import sys
-import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without `pip install -e .` (recipes/ and benchmarks/ are packages)
-
-from benchmarks.reuse_lm import LOSS_ARGS, _init_worker, load_recipe, pos_length_growth, spread, warm_start  # noqa: E402
+from benchmarks.common import (
+    LOSS_ARGS,
+    command,
+    machine_info,
+    paired,
+    per_update_kl,
+    pooled_positive_branch,
+    spread,
+    t_quantile,
+)
+from benchmarks.regime_runs import (
+    COLORS,
+    N_PAPER,
+    SETTINGS,
+    SMOKE,
+    base_spec,
+    first_half,
+    load_runs,
+    low_weight_by_staleness,
+    run_all,
+    run_stats,
+    settings_for,
+)
 
 # ---------------------------------------------------------------------------------------------------------------------
-# What runs
+# What runs (the settings, the RL setting every run shares and the runs themselves: regime_runs.py)
 # ---------------------------------------------------------------------------------------------------------------------
 
-_CHAINS = ["--task_operators", "+", "--task_max_operand", "9", "--warmstart_batch_size", "32", "--warmstart_steps", "1000"]
-SETTINGS = {
-    # the demo's task as it is (tiny-cpu): 3-5 terms, no nuisance, teacher forgets 60% of carries
-    "short": {"terms": (3, 5), "nuisance": False, "teacher_error": 0.6, "max_completion_length": 48,
-              "args": ["--task_min_terms", "3", "--task_max_terms", "5", "--task_teacher_error_rate", "0.6",
-                       "--warmstart_steps", "500", "--max_completion_length", "48"]},
-    # long chains (~7.4 needed carries per problem). A warm start imitates the teacher but is right less often than it
-    # at temperature 1 (calibration runs, docs/benchmarks.md 5.2: teacher error 0.25 left the model right on 6.2%
-    # without nuisance and 2.5% with it; 0.1 on 43% without): these rates aim at the 10-15% of the paper's regime.
-    "long": {"terms": (16, 20), "nuisance": False, "teacher_error": 0.2, "max_completion_length": 360,
-             "args": [*_CHAINS, "--task_min_terms", "16", "--task_max_terms", "20", "--task_teacher_error_rate", "0.2",
-                      "--max_completion_length", "360"]},
-    "long-nuisance": {"terms": (16, 20), "nuisance": True, "teacher_error": 0.15, "max_completion_length": 360,
-                      "args": [*_CHAINS, "--task_min_terms", "16", "--task_max_terms", "20",
-                               "--task_teacher_error_rate", "0.15", "--task_nuisance", "true",
-                               "--max_completion_length", "360"]},
-    # nuisance without the operand swap (separators and notes, ~2 nats per step): with the swap the warm-started model
-    # was right on 2.1% of prompts (it loses track of the terms), not the 10-15% the regime asks for. Added to the map
-    # after the warm-start profiles and before any of its gate numbers (docs/benchmarks.md, section 5.1).
-    "long-notes": {"terms": (16, 20), "nuisance": "notes", "teacher_error": 0.22, "max_completion_length": 360,
-                   "args": [*_CHAINS, "--task_min_terms", "16", "--task_max_terms", "20",
-                            "--task_teacher_error_rate", "0.22", "--task_nuisance", "true", "--task_nuisance_swap",
-                            "false", "--max_completion_length", "360"]},
-    # ~11 carries: 10% forgotten keeps the teacher at ~30%, as 15% does over 16-20 terms
-    "longer-nuisance": {"terms": (24, 28), "nuisance": True, "teacher_error": 0.1, "max_completion_length": 400,
-                        "args": [*_CHAINS, "--task_min_terms", "24", "--task_max_terms", "28",
-                                 "--task_teacher_error_rate", "0.1", "--task_nuisance", "true",
-                                 "--max_completion_length", "400"]},
-}  # fmt: skip
 # The regime map: (setting, learning rate). The comparison takes the first of GATE_ORDER that passes.
 GATE_RUNS = [("short", 1e-4), ("long", 1e-4), ("long-nuisance", 1e-4), ("longer-nuisance", 1e-4), ("long-nuisance", 3e-5),
              ("long-notes", 1e-4)]  # fmt: skip
 GATE_ORDER = [("long-notes", 1e-4), ("long-nuisance", 1e-4), ("long", 1e-4), ("longer-nuisance", 1e-4),
               ("long-nuisance", 3e-5), ("short", 1e-4)]  # fmt: skip
 GATE_BAND = (0.15, 0.30)  # share of positives with log W < -1 over the first half (the paper: 22.8%)
-STALENESS_BINS = ((0, 7), (8, 15), (16, 23), (24, 31))
-
-# The RL setting every run shares: M = 8 prompts x G = 8 completions per update, N = 32 updates per rollout batch
-# (2,048 completions), the accuracy reward alone (the training score is the accuracy), the paper's optimiser
-# (weight decay 0.1, grad clip 1, constant lr after a 5% warm-up), no KL, temperature 1.
-N_PAPER = 32
-UPDATES = 256
-RL_ARGS = [
-    "--reward_funcs", "accuracy", "--reward_weights", "1.0", "--num_generations", "8",
-    "--per_device_train_batch_size", "64", "--gradient_accumulation_steps", "1", "--respo_reuse", "1",
-    "--weight_decay", "0.1", "--max_grad_norm", "1.0", "--lr_scheduler_type", "constant_with_warmup",
-    "--warmup_steps", "12", "--temperature", "1.0", "--beta", "0.0", "--heldout_size", "256",
-    "--heldout_eval_steps", "0", "--keep_best_heldout", "false",
-    "--logging_steps", "1",
-]  # fmt: skip
 ARMS = {
     # name: (recipe loss arguments, N, seeds)
     "dapo": (LOSS_ARGS["dapo"], N_PAPER, 5),  # TRL's default clip, 0.2 / 0.2
@@ -118,260 +88,11 @@ ARMS = {
 }
 BASELINES = ("dapo", "dapo_clip_higher", "vespo", "gspo")  # the rule's "best baseline" is the best of these
 RULE = {"min_gain_points": 3.0, "fail_below_points": 1.0, "confidence": 0.95, "seeds": 5}
-HISTORY_KEYS = (
-    "reward", "grad_norm", "entropy", "reuse/staleness_mean", "reuse/generated_tokens", "offpolicy/kl",
-    "offpolicy/log_weight/mean", "offpolicy/log_weight/std", "starvation/pos_length_mean",
-    "starvation/grad_throughput/pos", "starvation/grad_throughput/neg", "clip_ratio/region_mean",
-    "completions/mean_length", "learning_rate",
-    *(f"starvation/low_weight_pos/{k}" for k in ("n", "n_low", "mass", "mass_low", "respo_mass", "respo_mass_low",
-                                                  "vespo_mass", "vespo_mass_low")),
-)  # fmt: skip
-SMOKE = {
-    "settings": {"short": SETTINGS["short"]},
-    "args": ["--warmstart_steps", "4", "--train_size", "64", "--heldout_size", "8", "--tiny_hidden_size", "32",
-             "--tiny_num_layers", "1", "--tiny_intermediate_size", "64", "--per_device_train_batch_size", "8",
-             "--num_generations", "4", "--max_completion_length", "12"],
-    "N": 2, "updates": 4, "profile_prompts": 8, "eval_samples": 2,
-}  # fmt: skip
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Worker side
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def profile_warm_start(setting: str, seed: int, args: list[str], path: str, n_prompts: int, eval_samples: int) -> dict:
-    """Warm-start (once per setting and seed; reused by every run of that seed) and profile the policy before RL:
-    temperature-1 samples of training prompts (accuracy, length, entropy) and held-out greedy and avg@k accuracy."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from respo_trl.recipe.generation import generate, sampling_profile
-    from respo_trl.grading import accuracy_scores as grade
-
-    profile_path = Path(path, "regime_profile.json")
-    warm_start("dense", seed, args, path)
-    if profile_path.exists():
-        return json.loads(profile_path.read_text())
-    recipe = load_recipe()
-    script_args, training_args, _ = recipe.parse_args(["--tiny_model", "dense", "--seed", str(seed), *RL_ARGS, *args])
-    train, heldout = recipe.build_datasets(script_args)  # the runs' held-out set (RL_ARGS: 256 problems)
-    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
-    tokens = training_args.max_completion_length
-    start = time.time()
-    rows = train.select(range(min(n_prompts, len(train))))
-    profile = sampling_profile(model, tokenizer, rows["prompt"], rows["solution"], max_new_tokens=tokens, seed=seed)
-    profile.pop("per_prompt_accuracy")
-    texts, _ = generate(model, tokenizer, heldout["prompt"], max_new_tokens=tokens)
-    greedy = sum(grade(texts, heldout["solution"])) / len(heldout)
-    sampled = sampling_profile(model, tokenizer, heldout["prompt"], heldout["solution"], max_new_tokens=tokens,
-                               samples_per_prompt=eval_samples, seed=seed)  # fmt: skip
-    teacher = train.select(range(min(500, len(train))))
-    result = {
-        "setting": setting, "seed": seed, "train_t1": profile, "heldout_greedy": greedy,
-        "heldout_sampled": sampled["accuracy"], "heldout_sampled_samples": eval_samples, "heldout_n": len(heldout),
-        "teacher_accuracy": sum(grade(teacher["completion"], teacher["solution"])) / len(teacher),
-        "profile_s": time.time() - start,
-    }  # fmt: skip
-    profile_path.write_text(json.dumps(result, indent=1))
-    return result
-
-
-def run_one(spec: dict) -> dict:
-    """One recipe run from the warm start of ``spec['setting']`` / seed; returns (and writes) its record.
-
-    A run is checkpointed at the end of every reuse cycle (each ``N`` updates, the last two kept) in the work folder's
-    ``scratch/``, and a run started again after a crash or the end of a session resumes from its newest complete
-    checkpoint: the trainer restores the weights, optimizer, schedule, random state and rollout buffer exactly, so the
-    record is the one an uninterrupted run writes (``tests/test_regime.py``), except ``wall_s``/``train_s``, which
-    count this process only (``resumed_from_step`` says where it took over)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from respo_trl.buffer import last_complete_checkpoint
-    from respo_trl.recipe.generation import sampling_profile
-
-    recipe = load_recipe()
-    n = spec["N"]
-    output_dir = os.path.join(spec["scratch"], spec["name"])
-    resume, _ = last_complete_checkpoint(output_dir, num_processes=1)
-    argv = [
-        *spec["setting_args"], *RL_ARGS, *spec["extra"], *spec["loss_args"], "--seed", str(spec["seed"]),
-        "--steps_per_generation", str(n), "--respo_updates_per_rollout", str(n), "--max_steps", str(spec["updates"]),
-        "--learning_rate", str(spec["lr"]), "--eval_mode", "greedy" if spec["evaluate"] else "none",
-        "--output_dir", output_dir, "--warmstart_steps", "0",  # the warm start is loaded, not redone
-        "--save_strategy", "steps", "--save_steps", str(n), "--save_total_limit", "2",  # a checkpoint per cycle
-        *(["--resume_from_checkpoint", resume] if resume else []),
-    ]  # fmt: skip
-    script_args, training_args, model_args = recipe.parse_args(argv)
-    script_args.tiny_model, model_args.model_name_or_path = None, spec["warm_path"]
-    start = time.time()
-    with open(Path(spec["logs_dir"], spec["name"] + ".log"), "a" if resume else "w") as log:
-        if resume:
-            print(f"resuming from {resume}", file=log, flush=True)
-        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):  # one log per run: a readable console
-            report = recipe.main(script_args, training_args, model_args)
-            train_s = time.time() - start
-            history = json.loads(Path(output_dir, "trainer_state.json").read_text())["log_history"]
-            record = {
-                **{k: spec[k] for k in ("name", "stage", "arm", "setting", "lr", "N", "seed", "updates")},
-                "loss_args": spec["loss_args"],
-                "history": [{"step": h["step"], **{k: h[k] for k in HISTORY_KEYS if k in h}} for h in history if "loss" in h],
-                "generated_tokens": report["training"]["generated_tokens"],
-                "global_step": report["training"]["global_step"],
-            }  # fmt: skip
-            if spec["evaluate"]:  # held-out: greedy from the recipe, avg@k at temperature 1 here
-                _, heldout = recipe.build_datasets(script_args)
-                model = AutoModelForCausalLM.from_pretrained(output_dir)
-                tokenizer = AutoTokenizer.from_pretrained(output_dir)
-                sampled = sampling_profile(model, tokenizer, heldout["prompt"], heldout["solution"],
-                                           max_new_tokens=training_args.max_completion_length,
-                                           samples_per_prompt=spec["eval_samples"], seed=spec["seed"])  # fmt: skip
-                record["heldout"] = {
-                    "n": len(heldout), "greedy_before": report["heldout"]["before"],
-                    "greedy_after": report["heldout"]["after"], "sampled_after": sampled["accuracy"],
-                    "sampled_samples": spec["eval_samples"], "sampled_entropy_per_token": sampled["entropy_per_token"],
-                    "sampled_mean_length": sampled["mean_length"],
-                }  # fmt: skip
-    shutil.rmtree(output_dir, ignore_errors=True)
-    record["wall_s"] = time.time() - start
-    record["train_s"] = train_s
-    if resume:
-        record["resumed_from_step"] = int(resume.rsplit("-", 1)[1])
-    Path(spec["runs_dir"], spec["name"] + ".json").write_text(json.dumps(record))
-    return record
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Statistics of one run
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def _pooled(rows: list[dict], prefix: str = "") -> dict:
-    """The positive-branch diagnostic pooled over ``rows`` (logged steps): sums, then ratios (diagnostics.py)."""
-    from respo_trl.diagnostics import LOW_WEIGHT_SUMS, pooled_low_weight
-
-    sums = {k: sum(r.get(f"starvation/low_weight_pos/{k}", 0.0) or 0.0 for r in rows) for k in LOW_WEIGHT_SUMS}
-    return {**pooled_low_weight(sums), "n": sums["n"], "n_low": sums["n_low"]}
-
-
-def first_half(run: dict) -> list[dict]:
-    return [h for h in run["history"] if h["step"] <= run["updates"] // 2]
-
-
-def low_weight_by_staleness(run: dict, rows: list[dict] | None = None) -> dict:
-    """Pooled positive-branch diagnostic per staleness position ``k`` and per bin of :data:`STALENESS_BINS`."""
-    rows = first_half(run) if rows is None else rows
-    by_k: dict[int, list[dict]] = {}
-    for h in rows:
-        by_k.setdefault(int(round(h.get("reuse/staleness_mean", 0))), []).append(h)
-    out = {"per_k": {k: _pooled(v) for k, v in sorted(by_k.items())}}
-    out["bins"] = {f"{lo}-{hi}": _pooled([h for k, v in by_k.items() if lo <= k <= hi for h in v]) for lo, hi in STALENESS_BINS}
-    return out
-
-
-def late_mean(run: dict) -> float | None:
-    """The paper's late-mean training score: mean training reward of the rollout batches sampled in the second half
-    of the updates (each batch counts once; under N = 1 every update is a batch of M x G)."""
-    rewards = [h["reward"] for h in run["history"] if "reward" in h and h["step"] > run["updates"] // 2]
-    return statistics.fmean(rewards) if rewards else None
-
-
-def steady_rows(run: dict) -> list[dict]:
-    """The logged updates of every reuse cycle but the first: the first holds the lr = 0 step and the warm-up (12
-    updates), so movement measured there is not the run's movement at its learning rate."""
-    return [h for h in run["history"] if h["step"] > run["N"]]
-
-
-def kl_by_staleness(run: dict) -> dict[int, float]:
-    """Mean ``offpolicy/kl`` (per token, k3, against the policy that sampled the batch) by staleness position ``k``,
-    over :func:`steady_rows`: how far the policy has moved ``k`` updates into a cycle. Empty under N = 1."""
-    by_k: dict[int, list[float]] = {}
-    for h in steady_rows(run):
-        if h.get("offpolicy/kl") is not None:
-            by_k.setdefault(int(round(h.get("reuse/staleness_mean", 0))), []).append(h["offpolicy/kl"])
-    return {k: statistics.fmean(v) for k, v in sorted(by_k.items()) if k > 0}
-
-
-def per_update_kl(run: dict) -> dict:
-    """Policy movement, per token (k3 ``offpolicy/kl``) and per response (times the run's mean completion length):
-    ``per_token`` after one update (staleness 1), ``cycle`` over a cycle's last quarter (staleness 24-31 at N = 32),
-    both over :func:`steady_rows`. Only ``cycle`` is measured where kernels differ: at staleness 1 every kernel's
-    weight is 1, so the one-step figure says nothing about how a kernel moves the policy on stale rollouts. None under
-    N = 1 (nothing is stale)."""
-    kl = kl_by_staleness(run)
-    last = [kl[k] for k in kl if k >= run["N"] - max(1, run["N"] // 4)]
-    # TRL logs the completion length on sampling steps only: the run's mean completion length
-    lengths = [h["completions/mean_length"] for h in run["history"] if "completions/mean_length" in h]
-    length = statistics.fmean(lengths) if lengths else None
-    per_token, cycle = kl.get(1), statistics.fmean(last) if last else None
-    return {"per_token": per_token, "per_response": None if per_token is None or length is None else per_token * length,
-            "cycle": cycle, "cycle_per_response": None if cycle is None or length is None else cycle * length}  # fmt: skip
-
-
-def pos_neg_weight_ratio(run: dict) -> float | None:
-    """Mean coefficient per token on positives over negatives on mini-batches at least N / 2 updates stale (steady
-    cycles): how a kernel weighs stale correct answers against stale wrong ones (1 for clipped PPO on average)."""
-    rows = [h for h in steady_rows(run) if h.get("reuse/staleness_mean", 0) >= run["N"] / 2]
-    pos = [h["starvation/grad_throughput/pos"] for h in rows if h.get("starvation/grad_throughput/pos") is not None]
-    neg = [h["starvation/grad_throughput/neg"] for h in rows if h.get("starvation/grad_throughput/neg") is not None]
-    return statistics.fmean(pos) / statistics.fmean(neg) if pos and neg and statistics.fmean(neg) > 0 else None
-
-
-def run_stats(run: dict) -> dict:
-    """Everything the tables need from one run."""
-    history, half = run["history"], first_half(run)
-    values = lambda key, rows=history: [h[key] for h in rows if key in h and h[key] is not None and math.isfinite(h[key])]  # noqa: E731
-    stale_late = [h for h in half if h.get("reuse/staleness_mean", 0) >= 16]
-    log_w_late = values("offpolicy/log_weight/mean", stale_late)
-    return {
-        "late_mean": late_mean(run),
-        "positive_branch": _pooled(half),
-        "by_staleness": low_weight_by_staleness(run),
-        "per_update_kl": per_update_kl(run),
-        "pos_neg_ratio": pos_neg_weight_ratio(run),
-        "grad_norm": statistics.fmean(values("grad_norm")) if values("grad_norm") else None,
-        "clip_ratio": statistics.fmean(values("clip_ratio/region_mean")) if values("clip_ratio/region_mean") else None,
-        "pos_length_growth": pos_length_growth(run),
-        "log_w_mean_k16": statistics.fmean(log_w_late) if log_w_late else None,
-        "heldout": run.get("heldout"),
-        "generated_tokens": run["generated_tokens"],
-        "wall_s": run["wall_s"],
-    }
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The decision rule (docs/benchmarks.md, section 5, written before the runs)
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-# Two-sided 95% Student t quantiles t_{0.975, df} (standard tables); beyond df 30 the Cornish-Fisher expansion.
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def t_quantile(df: int) -> float:
-    """``t_{0.975, df}``: the half-width factor of a two-sided 95% interval (scipy is not a dependency)."""
-    if df < 1:
-        return math.inf
-    if df <= len(T_975):
-        return T_975[df - 1]
-    z = statistics.NormalDist().inv_cdf(0.975)
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-
-
-def paired(a: dict[int, float], b: dict[int, float]) -> dict:
-    """Paired differences ``a - b`` (points) over the seeds both have: per seed, mean, sd and the t interval."""
-    seeds = sorted(set(a) & set(b))
-    diffs = {s: 100 * (a[s] - b[s]) for s in seeds}
-    values = list(diffs.values())
-    out = {"seeds": seeds, "per_seed": diffs, "mean": None, "sd": None, "ci": None}
-    if not values:
-        return out
-    out["mean"] = statistics.fmean(values)
-    if len(values) > 1:
-        sd = statistics.stdev(values)
-        half = t_quantile(len(values) - 1) * sd / math.sqrt(len(values))
-        out.update(sd=sd, ci=[out["mean"] - half, out["mean"] + half])
-    return out
 
 
 def seeds_to_resolve(mean: float, sd: float) -> dict:
@@ -439,86 +160,6 @@ def gate_name(setting: str, lr: float) -> str:
     return f"{setting}-lr{lr:g}"
 
 
-def settings_for(args) -> dict:
-    return SMOKE["settings"] if args.smoke else SETTINGS
-
-
-def base_spec(args, setting: str, seed: int) -> dict:
-    settings = settings_for(args)
-    extra = (SMOKE["args"] if args.smoke else []) + list(args.recipe_args)
-    work = Path(args.work)
-    return {
-        "setting": setting, "setting_args": settings[setting]["args"], "extra": extra, "seed": seed,
-        "warm_path": str(work / "warm" / f"{setting}-seed{seed}"), "scratch": str(work / "scratch"),
-        "logs_dir": str(work / "logs"), "eval_samples": SMOKE["eval_samples"] if args.smoke else 8,
-        "N": SMOKE["N"] if args.smoke else N_PAPER, "updates": SMOKE["updates"] if args.smoke else UPDATES,
-    }  # fmt: skip
-
-
-def next_runs(queue: list[dict], ready: set, free: int) -> list[dict]:
-    """The first ``free`` runs of ``queue``, in its order, whose warm start (setting, seed) is in ``ready``."""
-    return [s for s in queue if (s["setting"], s["seed"]) in ready][: max(free, 0)]
-
-
-def run_all(args, specs: list[dict], runs_dir: Path) -> dict[str, dict]:
-    """Warm starts first (profiled once per setting and seed), then every run not already in ``runs_dir``."""
-    done = load_runs(runs_dir)
-    todo = [s for s in specs if s["name"] not in done]
-    warm = {(s["setting"], s["seed"]): s for s in todo}
-    profiles_needed = [s for s in warm.values() if not Path(s["warm_path"], "regime_profile.json").exists()]
-    print(f"{len(specs)} runs, {len(specs) - len(todo)} done, {len(todo)} to run; "
-          f"{len(profiles_needed)} warm starts to build/profile; {args.workers} workers", flush=True)  # fmt: skip
-    for d in (runs_dir, Path(args.work, "scratch"), Path(args.work, "logs")):
-        d.mkdir(parents=True, exist_ok=True)
-    start = time.time()
-    n_prompts = SMOKE["profile_prompts"] if args.smoke else 512
-    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"), initializer=_init_worker) as pool:
-        # Warm starts first. Runs go to the pool in the order of ``specs`` (the most useful partial result first), one
-        # per free worker, each as soon as its own warm start is ready: the pool's queue is first-in first-out, so
-        # queueing a seed's runs when its warm start lands would run them in the order the warm starts finished.
-        pending, queue, ready = {}, list(todo), set()
-        for key, s in warm.items():
-            pending[pool.submit(profile_warm_start, s["setting"], s["seed"], [*s["setting_args"], *s["extra"]],
-                                s["warm_path"], n_prompts, s["eval_samples"])] = ("profile", key)  # fmt: skip
-
-        def submit_ready():
-            for spec in next_runs(queue, ready, args.workers - sum(k == "run" for k, _ in pending.values())):
-                queue.remove(spec)
-                pending[pool.submit(run_one, spec)] = ("run", spec["name"])
-                # a run is 20-60 minutes of silence here: say where its progress bar is
-                print(f"  started {spec['name']}: progress in {Path(spec['logs_dir'], spec['name'] + '.log')}",
-                      flush=True)  # fmt: skip
-
-        finished, total = 0, len(todo)
-        while pending:
-            future = next(as_completed(pending))
-            kind, key = pending.pop(future)
-            result = future.result()
-            if kind == "profile":
-                t1 = result["train_t1"]
-                print(f"  warm start {result['setting']} seed {result['seed']}: T=1 accuracy "
-                      f"{100 * t1['accuracy']:.1f}%, {t1['entropy_per_token']:.3f} nats/token, "
-                      f"{t1['entropy_per_response']:.1f} nats/response, {t1['mean_length']:.0f} tokens "
-                      f"({time.time() - start:.0f} s)", flush=True)  # fmt: skip
-                ready.add(key)
-                submit_ready()
-                continue
-            finished += 1
-            done[result["name"]] = result
-            submit_ready()
-            stats = run_stats(result)
-            late = stats["late_mean"]
-            # a gate run is the comparison's first half: its statistic pools the whole run (gate_summary)
-            share = _pooled(result["history"])["share"] if result["stage"] == "gate" else stats["positive_branch"]["share"]
-            print(f"  [{finished}/{total}] {result['name']}: late-mean score "
-                  f"{'n/a' if late is None else f'{100 * late:.1f}%'}, low-W positives (first half) "
-                  f"{'n/a' if share != share else f'{100 * share:.1f}%'}, {result['wall_s']:.0f} s "
-                  f"({time.time() - start:.0f} s)", flush=True)  # fmt: skip
-    with contextlib.suppress(OSError):  # each run removed its own folder; another runner may share this one
-        Path(args.work, "scratch").rmdir()
-    return done
-
-
 def gate_specs(args) -> list[dict]:
     runs = [(s, lr) for s, lr in GATE_RUNS if s in settings_for(args)]
     if args.points:
@@ -549,7 +190,7 @@ def gate_summary(args, runs: dict[str, dict], known_profiles: dict[str, dict] | 
         profile = (json.loads(profile_path.read_text()) if profile_path.exists()
                    else (known_profiles or {}).get(gate_name(setting, lr)))  # fmt: skip
         stats = low_weight_by_staleness(run, run["history"])  # the gate run is the first half
-        pooled = _pooled(run["history"])
+        pooled = pooled_positive_branch(run["history"])
         share = pooled["share"]
         rows.append({
             "name": gate_name(setting, lr), "setting": setting, "lr": lr, **{k: SETTINGS.get(setting, {}).get(k) for k in
@@ -620,7 +261,7 @@ def compare_summary(runs: dict[str, dict]) -> dict:
     for arm in [a for a in ARMS if a in by_arm]:
         seeds = by_arm[arm]
         stats = {seed: run_stats(run) for seed, run in sorted(seeds.items())}
-        pooled = _pooled([h for run in seeds.values() for h in first_half(run)])
+        pooled = pooled_positive_branch([h for run in seeds.values() for h in first_half(run)])
         per_seed = {
             seed: {
                 "late_mean": s["late_mean"], "greedy_after": (s["heldout"] or {}).get("greedy_after"),
@@ -678,8 +319,6 @@ def against(summary: dict, reference: dict) -> list[dict]:
 
 
 def write_summary(args, out: Path) -> dict:
-    from benchmarks.machine import machine_info
-
     gate_runs = load_runs(gate_dir(args))
     compare_runs = load_runs(Path(out, "arms"))
     previous = Path(out, "regime.json")
@@ -696,7 +335,7 @@ def write_summary(args, out: Path) -> dict:
         "verdict": verdict(gate["passed"], comparison["scores"]) if comparison["scores"] and not posthoc else None,
         "posthoc": posthoc,
         "machine": {**machine_info(), "workers": args.workers, "threads_per_worker": 1},
-        "command": "python benchmarks/regime.py " + " ".join(sys.argv[1:]),
+        "command": command("regime", sys.argv[1:]),
     }
     if args.against:
         reference = json.loads(Path(args.against, "regime.json").read_text())
@@ -711,10 +350,6 @@ def write_summary(args, out: Path) -> dict:
     print(markdown(summary))
     print(f"\nwrote {out / 'regime.json'}" + (f" and {', '.join(map(str, plots))}" if plots else ""))
     return summary
-
-
-COLORS = {"dapo": "tab:blue", "dapo_clip_higher": "tab:cyan", "vespo": "tab:green", "gspo": "tab:purple",
-          "respo": "tab:red", "respo_pos1": "tab:orange", "onpolicy": "gray"}  # fmt: skip
 
 
 def plot_gate(summary: dict, path: Path) -> Path:
@@ -954,11 +589,6 @@ def parse(argv=None):
     return args
 
 
-def load_runs(folder: Path) -> dict[str, dict]:
-    """The finished runs' records in ``folder``, by run name (sorted: the summary's order does not depend on the disk)."""
-    return {p.stem: json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json"))}
-
-
 def gate_dir(args) -> Path:
     return Path(args.gate_dir) if args.gate_dir else Path(args.out, "gate")
 
@@ -972,7 +602,9 @@ def main(argv=None) -> dict:
             print(markdown(summary))
             return summary
         return write_summary(args, out)
-    load_recipe().parse_args(["--tiny_model", "dense", *(SMOKE["args"] if args.smoke else []), *args.recipe_args])
+    from respo_trl import recipe  # TRL: seconds to import, which the summary does without
+
+    recipe.parse_args(["--tiny_model", "dense", *(SMOKE["args"] if args.smoke else []), *args.recipe_args])
     if args.stage == "gate":
         runs_dir = out / "gate"
         if args.fresh:
@@ -986,7 +618,7 @@ def main(argv=None) -> dict:
         print(markdown({"gate": gate, "comparison": {"arms": {}}}))
         raise SystemExit(
             "no task setting passed the regime gate (the map is above): the comparison would say nothing about the "
-            "paper's claim. Run `regime.py gate` first, or pass --override-gate (with --setting and --lr) to run it anyway."
+            "paper's claim. Run `python -m benchmarks.regime gate` first, or pass --override-gate (with --setting and --lr) to run it anyway."
         )
     if gate["chosen"] is not None:
         setting = setting or gate["chosen"]["setting"]

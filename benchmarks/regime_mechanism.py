@@ -16,15 +16,16 @@ same seed (same warm start, same prompt order; the pairing is checked, not assum
 The rule of each hypothesis is in docs/benchmarks/mechanism.md 5.5 (written before the runs) and applied by
 :func:`readings`.
 
-    python benchmarks/regime_mechanism.py run                 # every run, in 5.5's order; resumable (~12 h on 2 cores)
-    python benchmarks/regime_mechanism.py run --arms onpolicy --seeds 3   # a slice
-    python benchmarks/regime_mechanism.py summary             # mechanism.json, tables and the plot, from what finished
-    python benchmarks/regime_mechanism.py summary --markdown  # the docs tables
-    python benchmarks/regime_mechanism.py check --arm dapo --seed 3   # this code reproduces a stored run's first updates
-    python benchmarks/regime_mechanism.py run --smoke --stored /tmp/regime --out /tmp/mech   # seconds (the tests)
+    python -m benchmarks.regime_mechanism run                 # every run, in 5.5's order; resumable (~12 h on 2 cores)
+    python -m benchmarks.regime_mechanism run --arms onpolicy --seeds 3   # a slice
+    python -m benchmarks.regime_mechanism summary             # mechanism.json, tables and the plot, from what finished
+    python -m benchmarks.regime_mechanism summary --markdown  # the docs tables
+    python -m benchmarks.regime_mechanism check --arm dapo --seed 3   # this code reproduces a stored run's first updates
+    python -m benchmarks.regime_mechanism run --smoke --stored /tmp/regime --out /tmp/mech   # seconds (the tests)
 
-Runs are ``regime.py``'s (the recipe through ``ReSPOTrainer``, one torch thread per worker, warm starts shared with
-``regime.py`` under ``--work``); finished runs are kept in ``OUT/arms`` and never rerun.
+Runs are the regime's (``benchmarks/regime_runs.py``: the recipe through ``ReSPOTrainer``, one torch thread per
+worker, warm starts shared with ``regime.py`` under ``--work``); finished runs are kept in ``OUT/arms`` and never
+rerun.
 """
 
 from __future__ import annotations
@@ -37,13 +38,21 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without `pip install -e .` (recipes/ and benchmarks/ are packages)
+from benchmarks import regime_runs
+from benchmarks.common import (
+    LOSS_ARGS,
+    command,
+    init_worker,
+    kl_by_staleness,
+    machine_info,
+    paired,
+    per_update_kl,
+    t_quantile,
+    warm_start,
+)
+from benchmarks.regime_runs import base_spec, load_runs, run_all, run_one, run_stats
 
-from benchmarks import regime  # noqa: E402
-from benchmarks.reuse_lm import LOSS_ARGS  # noqa: E402
-
-SETTING, LR, N = "long-nuisance", 1e-4, regime.N_PAPER
+SETTING, LR, N = "long-nuisance", 1e-4, regime_runs.N_PAPER
 SEEDS = (1, 2, 3, 4)  # seed 0 learns under no arm (docs/benchmarks/regime.md 5.3)
 GROUPS = ["--respo_whole_groups", "true"]
 # name: (hypothesis, recipe loss arguments, N, seeds). Order = the order of the runs (5.5).
@@ -82,7 +91,7 @@ def search_points(runs: dict, stored: dict, smoke: bool) -> list[tuple[float, fl
     posthoc = Path(POSTHOC_7E5, "arms", run_name("respo", N_of(smoke), seed) + ".json")
     if not smoke and posthoc.exists():
         found.append(json.loads(posthoc.read_text()))
-    points = {r["lr"]: regime.per_update_kl(r)["cycle"] for r in found}
+    points = {r["lr"]: per_update_kl(r)["cycle"] for r in found}
     return sorted((lr, kl) for lr, kl in points.items() if kl)
 
 
@@ -99,7 +108,7 @@ def equal_movement_lr(points: list[tuple[float, float]], target: float) -> float
 
 
 def N_of(smoke: bool) -> int:
-    return regime.SMOKE["N"] if smoke else N
+    return regime_runs.SMOKE["N"] if smoke else N
 
 
 def specs(args, runs: dict, stored: dict) -> list[dict]:
@@ -109,7 +118,7 @@ def specs(args, runs: dict, stored: dict) -> list[dict]:
     n_paper = N_of(args.smoke)
 
     def spec(arm, loss_args, n, seed, lr, name):
-        s = regime.base_spec(args, setting, seed)
+        s = base_spec(args, setting, seed)
         s.update(N=n, name=name, stage="mechanism", arm=arm, lr=lr, loss_args=loss_args, evaluate=True,
                  runs_dir=str(Path(args.out, "arms")))  # fmt: skip
         return s
@@ -147,7 +156,7 @@ def eqmove_lr(runs: dict, stored: dict, smoke: bool) -> float | None:
         return None
     seed = SMOKE["search_seed"] if smoke else SEARCH_SEED
     vespo = next((r for r in stored.values() if r["arm"] == "vespo" and r["seed"] == seed), None)
-    target = regime.per_update_kl(vespo)["cycle"] if vespo else None
+    target = per_update_kl(vespo)["cycle"] if vespo else None
     return equal_movement_lr(search_points(runs, stored, smoke), target)
 
 
@@ -182,8 +191,8 @@ def age_aligned(run: dict, ages=AGES) -> float | None:
 
 
 def run_row(run: dict) -> dict:
-    stats = regime.run_stats(run)
-    kl, by_k = stats["per_update_kl"], regime.kl_by_staleness(run)
+    stats = run_stats(run)
+    kl, by_k = stats["per_update_kl"], kl_by_staleness(run)
     return {
         "name": run["name"], "arm": run["arm"], "seed": run["seed"], "lr": run["lr"], "N": run["N"],
         "late_mean": stats["late_mean"], "cycle_kl": kl["cycle"], "per_update_kl": kl["per_token"],
@@ -205,7 +214,7 @@ def variant_reading(variant: dict[int, float], respo: dict[int, float], vespo: d
                     needed: int = len(SEEDS)) -> dict:  # fmt: skip
     """5.5's three-way reading of a ReSPO variant against the stored ReSPO and VESPO of the same seeds: only once
     ``needed`` seeds are paired (5.5 reads over seeds 1-4; a partial table is shown, never read)."""
-    vs_vespo, vs_respo = regime.paired(variant, vespo), regime.paired(variant, respo)
+    vs_vespo, vs_respo = paired(variant, vespo), paired(variant, respo)
     out = {"minus_vespo": vs_vespo, "minus_respo": vs_respo}
     if vs_respo["ci"] is None or vs_vespo["mean"] is None or len(vs_respo["seeds"]) < needed:
         out["reading"] = "incomplete"
@@ -222,7 +231,7 @@ def pooled_interval(values: list[float]) -> dict:
     """Mean and 95% t interval of differences already in points (the pooled whole-groups effect)."""
     out = {"n": len(values), "mean": statistics.fmean(values) if values else None, "ci": None, "values": values}
     if len(values) > 1:
-        half = regime.t_quantile(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+        half = t_quantile(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
         out["ci"] = [out["mean"] - half, out["mean"] + half]
     return out
 
@@ -231,13 +240,13 @@ def readings(arms: dict[str, list[dict]], stored: dict[str, list[dict]], ages=AG
     """Each hypothesis read by its rule (docs/benchmarks/mechanism.md 5.5), once its arms have ``needed`` paired seeds
     (None or "incomplete" before). ``arms``/``stored``: arm -> run rows."""
     respo, vespo = scores_of(stored.get("respo", [])), scores_of(stored.get("vespo", []))
-    out = {"gap": regime.paired(vespo, respo)}
+    out = {"gap": paired(vespo, respo)}
     variants = {a: variant_reading(scores_of(arms[a]), respo, vespo, needed)
                 for a in ("respo_negvespo", "respo_eqmove", "respo_groups") if arms.get(a)}  # fmt: skip
     out["variants"] = variants
     # H1
     if "respo_negvespo" in variants and arms.get("vespo_pos1"):
-        flat = regime.paired(scores_of(arms["vespo_pos1"]), vespo)
+        flat = paired(scores_of(arms["vespo_pos1"]), vespo)
         supported = variants["respo_negvespo"]["reading"] == "closes the gap" and flat["mean"] is not None and (
             flat["mean"] >= -MARGIN)
         complete = variants["respo_negvespo"]["reading"] != "incomplete" and len(flat["seeds"]) >= needed
@@ -254,11 +263,11 @@ def readings(arms: dict[str, list[dict]], stored: dict[str, list[dict]], ages=AG
     # H3
     if all(arms.get(a) for a in ("respo_groups", "vespo_groups")):
         rg, vg = scores_of(arms["respo_groups"]), scores_of(arms["vespo_groups"])
-        gap_groups = regime.paired(rg, vg)
+        gap_groups = paired(rg, vg)
         seeds = sorted(set(rg) & set(vg) & set(respo) & set(vespo))
-        change = regime.paired({s: rg[s] - vg[s] for s in seeds}, {s: respo[s] - vespo[s] for s in seeds})
+        change = paired({s: rg[s] - vg[s] for s in seeds}, {s: respo[s] - vespo[s] for s in seeds})
         # what whole groups do to each kernel (reported, not read), and pooled over the three (the default's rule)
-        per_kernel = {arm: regime.paired(scores_of(arms.get(f"{arm}_groups", [])), scores_of(stored.get(arm, [])))
+        per_kernel = {arm: paired(scores_of(arms.get(f"{arm}_groups", [])), scores_of(stored.get(arm, [])))
                       for arm in ("dapo", "vespo", "respo")}  # fmt: skip
         pooled = pooled_interval([v for d in per_kernel.values() for v in d["per_seed"].values()])
         out["H3"] = {
@@ -271,8 +280,8 @@ def readings(arms: dict[str, list[dict]], stored: dict[str, list[dict]], ages=AG
     # H4: on-policy rows of both sources (stored seeds 1-2, new 3-4)
     onpolicy = [*stored.get("onpolicy", []), *arms.get("onpolicy", [])]
     if onpolicy:
-        late = regime.paired(scores_of(onpolicy), vespo)
-        aligned = regime.paired(scores_of(onpolicy, "age_aligned"), vespo)
+        late = paired(scores_of(onpolicy), vespo)
+        aligned = paired(scores_of(onpolicy, "age_aligned"), vespo)
         if aligned["ci"] is None or len(aligned["seeds"]) < needed:
             reading = None
         elif aligned["ci"][0] > 0:
@@ -286,10 +295,8 @@ def readings(arms: dict[str, list[dict]], stored: dict[str, list[dict]], ages=AG
 
 
 def summarize(args) -> dict:
-    from benchmarks.machine import machine_info
-
-    stored_runs = regime.load_runs(Path(args.stored, "arms"))
-    runs = regime.load_runs(Path(args.out, "arms"))
+    stored_runs = load_runs(Path(args.stored, "arms"))
+    runs = load_runs(Path(args.out, "arms"))
     ages = SMOKE["ages"] if args.smoke else AGES
     seeds = set(SMOKE["seeds"] if args.smoke else SEEDS)
     stored = {}
@@ -320,7 +327,7 @@ def summarize(args) -> dict:
         "h2_search": {"points": search_points(runs, stored_runs, args.smoke), "lr": eqmove},
         "readings": readings(arms, stored, ages, len(SMOKE["seeds"] if args.smoke else SEEDS)),
         "machine": {**machine_info(), "workers": args.workers, "threads_per_worker": 1},
-        "command": "python benchmarks/regime_mechanism.py " + " ".join(sys.argv[1:]),
+        "command": command("regime_mechanism", sys.argv[1:]),
     }  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -339,17 +346,17 @@ def reproduces(args) -> dict:
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    stored = regime.load_runs(Path(args.stored, "arms"))[run_name(args.arm, N_of(args.smoke) if args.arm != "onpolicy"
+    stored = load_runs(Path(args.stored, "arms"))[run_name(args.arm, N_of(args.smoke) if args.arm != "onpolicy"
                                                                   else 1, args.seed)]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        spec = regime.base_spec(args, stored["setting"], args.seed)
+        spec = base_spec(args, stored["setting"], args.seed)
         spec.update(N=stored["N"], name=stored["name"], stage="check", arm=stored["arm"], lr=stored["lr"],
                     loss_args=stored["loss_args"], evaluate=False, updates=args.updates, runs_dir=tmp, scratch=tmp,
                     logs_dir=tmp)  # fmt: skip
-        with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=regime._init_worker) as pool:
-            pool.submit(regime.warm_start, "dense", args.seed, [*spec["setting_args"], *spec["extra"]],
+        with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=init_worker) as pool:
+            pool.submit(warm_start, "dense", args.seed, [*spec["setting_args"], *spec["extra"]],
                         spec["warm_path"]).result()  # fmt: skip
-            fresh = pool.submit(regime.run_one, spec).result()
+            fresh = pool.submit(run_one, spec).result()
     old = {h["step"]: h for h in stored["history"] if h["step"] <= args.updates}
     new = {h["step"]: h for h in fresh["history"]}
     differ = [f"step {step} {key}: {old[step][key]!r} -> {new[step].get(key)!r}" for step in sorted(old)
@@ -447,7 +454,7 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
-COLORS = {**regime.COLORS, "respo_negvespo": "darkred", "vespo_pos1": "olive", "respo_groups": "salmon",
+COLORS = {**regime_runs.COLORS, "respo_negvespo": "darkred", "vespo_pos1": "olive", "respo_groups": "salmon",
           "vespo_groups": "lightgreen", "dapo_groups": "lightblue", "respo_eqmove": "magenta", "respo_search": "pink"}
 
 
@@ -542,7 +549,7 @@ def parse(argv=None):
         p.error("--workers must be >= 1")
     if not Path(args.stored, "arms").is_dir():
         p.error(f"--stored {args.stored!r} has no arms/ folder (the stored comparison, e.g. docs/benchmarks/regime)")
-    args.recipe_args = []  # what regime.base_spec reads
+    args.recipe_args = []  # what regime_runs.base_spec reads
     return args
 
 
@@ -558,14 +565,14 @@ def main(argv=None) -> dict:
         print(markdown(summary))
         return summary
     if args.stage == "run":
-        stored = regime.load_runs(Path(args.stored, "arms"))
+        stored = load_runs(Path(args.stored, "arms"))
         runs_dir = Path(args.out, "arms")
-        todo = specs(args, regime.load_runs(runs_dir), stored)
-        regime.run_all(args, todo, runs_dir)
+        todo = specs(args, load_runs(runs_dir), stored)
+        run_all(args, todo, runs_dir)
         # the search may have finished in this call: H2's seeds run at the lr it fixed
-        more = [s for s in specs(args, regime.load_runs(runs_dir), stored) if s["name"] not in {t["name"] for t in todo}]
+        more = [s for s in specs(args, load_runs(runs_dir), stored) if s["name"] not in {t["name"] for t in todo}]
         if more:
-            regime.run_all(args, more, runs_dir)
+            run_all(args, more, runs_dir)
     return summarize(args)
 
 

@@ -5,8 +5,8 @@ completion tokens sampled per optimizer step (R=4 must be exactly a quarter of R
 same) and the wall time per optimizer step, and prints the measured time ratio to R=1 next to the ideal
 ``(gen/R + train) / (gen + train)`` computed from R=1's measured generation and training time.
 
-    python benchmarks/reuse_benchmark.py                    # ~1 min on 2 CPU cores
-    python benchmarks/reuse_benchmark.py --steps 16 --repeats 3 --out docs/benchmarks
+    python -m benchmarks.reuse_benchmark                    # ~1 min on 2 CPU cores
+    python -m benchmarks.reuse_benchmark --steps 16 --repeats 3 --out docs/benchmarks
 
 Writes ``reuse_benchmark.json`` and ``reuse_benchmark.png`` into ``--out``.
 """
@@ -20,10 +20,9 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from benchmarks.machine import QUIET_CPU_TRAINING, machine_info  # noqa: E402
+from benchmarks.common import QUIET_CPU_TRAINING, command, machine_info  # noqa: E402
 from respo_trl.rewards import crc_reward  # noqa: E402
 
 
@@ -154,7 +153,7 @@ def main():
                 }
             )
     report = {
-        "command": "python " + " ".join(sys.argv),
+        "command": command("reuse_benchmark", sys.argv[1:]),
         "machine": machine_info(),
         "settings": vars(args),
         "rows": rows,

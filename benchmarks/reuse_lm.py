@@ -15,11 +15,11 @@ built-in arithmetic task) through ``ReSPOTrainer``. Arms: TRL ``dapo`` (the defa
 is on under epochs, by default), on the dense model and the MoE model. Each (model, seed) is warm-started once and
 every arm of that seed starts from that checkpoint, so arms differ only in the loss and the reuse setting.
 
-    python benchmarks/reuse_lm.py --out docs/benchmarks/reuse_lm     # epochs R = 1, 2, 4, dense and MoE
-    python benchmarks/reuse_lm.py --out docs/benchmarks/reuse_lm_staleness --reuse --staleness 1 4 8 16
-    python benchmarks/reuse_lm.py --smoke --out /tmp/reuse_lm        # seconds; what the test suite runs
-    python benchmarks/reuse_lm.py --seeds 0 --losses dapo respo --reuse 1 4 --models dense   # a slice
-    python benchmarks/reuse_lm.py --out docs/benchmarks/reuse_lm_lr1e-4 --models dense --losses dapo respo \\
+    python -m benchmarks.reuse_lm --out docs/benchmarks/reuse_lm     # epochs R = 1, 2, 4, dense and MoE
+    python -m benchmarks.reuse_lm --out docs/benchmarks/reuse_lm_staleness --reuse --staleness 1 4 8 16
+    python -m benchmarks.reuse_lm --smoke --out /tmp/reuse_lm        # seconds; what the test suite runs
+    python -m benchmarks.reuse_lm --seeds 0 --losses dapo respo --reuse 1 4 --models dense   # a slice
+    python -m benchmarks.reuse_lm --out docs/benchmarks/reuse_lm_lr1e-4 --models dense --losses dapo respo \\
         --reuse 1 4 -- --learning_rate 1e-4                           # any recipe override after --
 
 Writes ``OUT/arms/<arm>.json`` as each arm finishes (an interrupted run resumes where it stopped; ``--fresh`` starts
@@ -45,32 +45,17 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without `pip install -e .` (recipes/ and benchmarks/ are packages)
+from benchmarks.common import LOSS_ARGS, command, init_worker, machine_info, pos_length_growth, spread, warm_start
+
 LOSSES = ("dapo", "gspo", "vespo", "respo")
 CLIPPED = "dapo"  # the baseline of the summary claims: TRL's default clipped loss
-# The arms' loss settings: gspo is TRL's grpo loss with a sequence-level ratio and the clip range of the GSPO paper,
-# as TRL documents it (the paper presets' --algorithm gspo does the same).
-LOSS_ARGS = {
-    "dapo": ["--loss_type", "dapo"],
-    "gspo": ["--loss_type", "grpo", "--importance_sampling_level", "sequence", "--epsilon", "3e-4", "--epsilon_high", "4e-4"],
-    "vespo": ["--loss_type", "vespo"],
-    "respo": ["--loss_type", "respo"],
-    # the paper's kernel without the directional token trust mask under epochs (what 0.2's default turns on)
-    "respo_nomask": ["--loss_type", "respo", "--respo_trust_mask", "none"],
-    # the directional token trust mask forced on when each sample is used once (the default turns it on for epochs only)
-    "respo_mask": ["--loss_type", "respo", "--respo_trust_mask", "directional"],
-    # MoE Routing Replay (R3): the sampler's expert routing replayed in the loss forward
-    "respo_r3": ["--loss_type", "respo", "--respo_routing_replay", "true"],
-    # beta_pos = 0 makes phi+ = 1: no correction at all on positives (the lab's ablation found it at least as good)
-    "respo_pos1": ["--loss_type", "respo", "--respo_beta_pos", "0"],
-}
 ALL_LOSSES = tuple(LOSS_ARGS)
 # On-policy (R = 1, N = 1) every coefficient of these losses is exactly 1 and they aggregate alike (token sum over the
 # global token count), so their runs are identical (tests/test_trainer.py checks ReSPO's against dapo's): one of them
 # runs and stands for all. GSPO (TRL grpo: a per-sequence mean) trains differently even on-policy.
 SAME_ON_POLICY = ("dapo", "vespo", "respo", "respo_nomask", "respo_mask", "respo_pos1")
-# Per-step metrics kept in each arm's JSON, for the per-pass analysis (--passes-from).
+# Per-step metrics kept in each arm's JSON, for the per-pass analysis (--passes-from); not the regime runs' keys
+# (benchmarks.common.HISTORY_KEYS).
 HISTORY_KEYS = (
     "grad_norm", "entropy", "reward", "offpolicy/ess", "offpolicy/log_weight/min", "offpolicy/log_weight/max",
     "clip_ratio/region_mean", "starvation/grad_throughput/pos", "starvation/grad_throughput/neg",
@@ -96,21 +81,6 @@ SMOKE_ARGS = [
 ]  # fmt: skip
 
 
-def load_recipe():
-    """The recipe (``recipes/qwen3_respo.py`` runs ``respo_trl.recipe``): ``parse_args``, ``main`` and its pieces."""
-    import respo_trl.recipe
-
-    return respo_trl.recipe
-
-
-def _init_worker():
-    os.environ.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    import torch
-
-    torch.set_num_threads(1)
-    torch.set_num_interop_threads(1)
-
-
 def setting_name(reuse: int, staleness: int, kind: str = "R") -> str:
     """``R4`` (epochs arms), ``N8`` (staleness arms; ``N1`` is their on-policy point, at their number of updates)."""
     if kind == "R":
@@ -127,28 +97,10 @@ def arm_name(model: str, loss: str, setting: str, seed: int) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def warm_start(model_kind: str, seed: int, extra: list[str], path: str) -> str:
-    """Build the tiny model, imitate the task's teacher as the recipe does, save it where the arms load it from."""
-    from transformers import set_seed
-
-    if os.path.exists(os.path.join(path, "config.json")):
-        return path
-    recipe = load_recipe()
-    script_args, _, _ = recipe.parse_args(["--tiny_model", model_kind, "--seed", str(seed), *extra])
-    set_seed(seed)
-    model, tokenizer = recipe.build_tiny(script_args, seed=seed)
-    train, _ = recipe.build_datasets(script_args)
-    recipe.warm_start(model, tokenizer, train, script_args, seed=seed)
-    tmp = path + ".tmp"
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    os.replace(tmp, path)  # a crash never leaves a half-written warm start behind
-    return path
-
-
 def run_arm(spec: dict) -> dict:
     """One recipe run from the warm-started checkpoint; returns what the summary needs (no weights kept)."""
-    recipe = load_recipe()
+    from respo_trl import recipe
+
     reuse, staleness = spec["reuse"], spec["staleness"]
     output_dir = os.path.join(spec["scratch"], spec["name"])
     argv = [
@@ -211,19 +163,6 @@ def run_arm(spec: dict) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def spread(values: list[float]) -> dict:
-    values = [v for v in values if v is not None]
-    if not values:
-        return {"mean": None, "std": None, "min": None, "max": None, "n": 0}
-    return {
-        "mean": statistics.fmean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "min": min(values),
-        "max": max(values),
-        "n": len(values),
-    }
-
-
 def mean_curve(runs: list[dict]) -> list[tuple[float, float]]:
     """Seed-mean (generated tokens, accuracy) at each curve index (arms of one setting share the eval schedule)."""
     length = min(len(r["curve"]) for r in runs)
@@ -253,17 +192,6 @@ def mean_curve_by_step(runs: list[dict]) -> list[tuple[float, float]]:
         (statistics.fmean(r["curve"][i]["step"] for r in runs), statistics.fmean(r["curve"][i]["accuracy"] for r in runs))
         for i in range(length)
     ]
-
-
-def pos_length_growth(run: dict) -> float | None:
-    """The paper's length signature: mean length of positive responses over the last quarter of the updates divided
-    by the first quarter's, minus 1 (the paper: +43% under ReSPO, +10% under VESPO)."""
-    lengths = [h.get("starvation/pos_length_mean") for h in run.get("history", [])]
-    lengths = [v for v in lengths if v is not None]
-    quarter = len(lengths) // 4
-    if quarter == 0:
-        return None
-    return statistics.fmean(lengths[-quarter:]) / statistics.fmean(lengths[:quarter]) - 1
 
 
 def summarize(results: list[dict]) -> dict:
@@ -585,12 +513,10 @@ def arm_specs(args, extra: list[str], runs_dir: Path, warm_dir: Path, scratch: P
 
 
 def write_summary(results: list[dict], args, argv, out: Path) -> dict:
-    from benchmarks.machine import machine_info
-
     summary = summarize(results)
     summary["config"] = {k: v for k, v in vars(args).items() if k not in ("fresh",)}
     summary["machine"] = {**machine_info(), "workers": args.workers, "threads_per_worker": 1}
-    summary["command"] = "python benchmarks/reuse_lm.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    summary["command"] = command("reuse_lm", sys.argv[1:] if argv is None else argv)
     out.mkdir(parents=True, exist_ok=True)
     (out / "reuse_lm.json").write_text(json.dumps(summary, indent=1))
     plots = []
@@ -633,7 +559,9 @@ def main(argv=None) -> dict:
         d.mkdir(parents=True, exist_ok=True)
     extra = (SMOKE_ARGS if args.smoke else []) + list(args.recipe_args)
     # The recipe's defaults are the tiny preset; parse once here so bad overrides fail before any worker starts.
-    load_recipe().parse_args(["--tiny_model", "dense", *extra])
+    from respo_trl import recipe
+
+    recipe.parse_args(["--tiny_model", "dense", *extra])
 
     specs = arm_specs(args, extra, runs_dir, warm_dir, scratch, logs)
     results = {}
@@ -645,7 +573,7 @@ def main(argv=None) -> dict:
     print(f"{len(specs)} arms, {len(results)} already done, {len(todo)} to run on {args.workers} workers")
 
     start = time.time()
-    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"), initializer=_init_worker) as pool:
+    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"), initializer=init_worker) as pool:
         warm = {(s["model"], s["seed"]): s["warm_path"] for s in todo}
         for future in as_completed(
             [pool.submit(warm_start, m, seed, extra, path) for (m, seed), path in warm.items()]

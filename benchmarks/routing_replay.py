@@ -10,7 +10,7 @@ Two measurements, both on random-init tiny Qwen3-MoE models (``respo_trl.demo.ti
    generation batch; ``routing/drift`` (share of token x MoE-layer slots where the current router would pick another
    expert set than the sampler did) is averaged by reuse pass.
 
-    python benchmarks/routing_replay.py --out docs/benchmarks
+    python -m benchmarks.routing_replay --out docs/benchmarks
 """
 
 from __future__ import annotations
@@ -24,10 +24,9 @@ import tempfile
 import time
 from collections import defaultdict
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from benchmarks.machine import QUIET_CPU_TRAINING, machine_info  # noqa: E402
+from benchmarks.common import QUIET_CPU_TRAINING, command, machine_info  # noqa: E402
 from respo_trl.rewards import crc_reward  # noqa: E402
 
 MODELS = {  # name: tiny_qwen3 kwargs
@@ -180,7 +179,7 @@ def main():
     print(json.dumps(drift), flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "routing_replay.json"), "w") as f:
-        record = {"command": "python " + " ".join(sys.argv), "settings": vars(args), "machine": machine_info()}
+        record = {"command": command("routing_replay", sys.argv[1:]), "settings": vars(args), "machine": machine_info()}
         json.dump({**record, "overhead": rows, "drift": drift}, f, indent=1)
 
     print(f"\n{'model':>34} {'generate ms':>12} {'+record':>9} {'loss f+b ms':>12} {'+replay':>9} {'B/token':>8}")

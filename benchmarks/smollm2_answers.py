@@ -12,7 +12,7 @@ by ``last_integer_accuracy`` like the run:
 - **shape held fixed**: the reply prefilled with ``"a + b ="`` and the next number read greedily, on the held-out
   problems and on ``--train-problems`` training problems; what changes here between the two checkpoints is arithmetic.
 
-    python benchmarks/smollm2_answers.py --report docs/benchmarks/smollm2_cpu_vllm/last_integer_accuracy/report.json \
+    python -m benchmarks.smollm2_answers --report docs/benchmarks/smollm2_cpu_vllm/last_integer_accuracy/report.json \
         --model outputs/smollm2-135m-instruct-q4 --model outputs/smollm2-135m-instruct-q4-dequantised-respo
 
 vLLM in float32 (the trainer's arithmetic; its greedy answers equal the recipe's ``generate`` ones on the measured
@@ -26,12 +26,8 @@ import dataclasses
 import json
 import os
 import re
-import sys
 from collections import Counter
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 SUM_ALONE = re.compile(r"\s*\d+\s*\+\s*\d+\s*=\s*-?\d+\.?\s*")
 SUM_FIRST = re.compile(r"\s*\d+\s*\+\s*\d+\s*=\s*-?\d+")
@@ -48,7 +44,7 @@ def shape(text: str) -> str:
 
 def run_datasets(report: dict, train_problems: int):
     """(held-out rows, training rows) of the run, prompts built by the recipe's own code from its arguments."""
-    from respo_trl.recipe.args import RecipeArguments
+    from respo_trl.recipe.arguments import RecipeArguments
     from respo_trl.recipe.data import build_datasets
 
     script = report["args"]["script"]

@@ -48,8 +48,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-from benchmarks.regime import HISTORY_KEYS, _pooled, late_mean, paired, per_update_kl, pos_neg_weight_ratio
-from benchmarks.reuse_lm import _init_worker
+from benchmarks.common import HISTORY_KEYS, late_mean, paired, per_update_kl, pos_neg_weight_ratio
+from benchmarks.common import init_worker as _init_worker
+from benchmarks.common import pooled_positive_branch as _pooled
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks" / "smollm2_staleness"

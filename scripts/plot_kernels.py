@@ -17,8 +17,8 @@ shows what the code computes, not a re-drawing of the formulas:
 Dots mark the spec's table values for ReSPO; the star marks each ReSPO branch's maximum, found numerically on a fine
 grid (for ``A >= 0`` it is the left end of the grid: the supremum ``e/2`` is approached as ``W -> 0``).
 
-How to run
-----------
+How to run (from the repository root, with the package installed: ``pip install -e .``)
+----------------------------------------------------------------------------------------
     python scripts/plot_kernels.py                        # writes docs/figures/kernels.png
     python scripts/plot_kernels.py --out /tmp/kernels.png --params respo_lambda_pos=1
 """
@@ -35,13 +35,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
-
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # `python scripts/plot_kernels.py` from a checkout without installing
 
 from respo_trl.kernels import LossParams, gradient_coefficients  # noqa: E402
 

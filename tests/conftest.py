@@ -5,7 +5,6 @@ TRL is imported once per test session (it costs seconds); the helpers below buil
 
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 
@@ -26,17 +25,6 @@ from respo_trl.rewards import crc_reward  # noqa: E402,F401  (re-exported to tes
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="session")
-def load_script():
-    """A benchmark's module: ``benchmarks/x.py`` is ``benchmarks.x`` (the repository root is on pytest's pythonpath,
-    pyproject.toml). The recipes' code is the package's: ``respo_trl.recipe`` (``respo_trl.recipe.eval_math`` included)."""
-
-    def load(relative: str):
-        return importlib.import_module(relative.removesuffix(".py").replace("/", "."))
-
-    return load
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -7,24 +7,21 @@ import pathlib
 import pytest
 import torch
 
+from benchmarks import ablation_lab as abl
+from benchmarks.starvation_sim import LabConfig
 from respo_trl.kernels import LossParams, gradient_coefficients
 
 
 @pytest.fixture(scope="module")
-def abl(load_script):
-    return load_script("benchmarks/ablation_lab.py")
-
-
-@pytest.fixture(scope="module")
-def result(abl):
+def result():
     torch.set_num_threads(1)
-    cfg = abl.lab.LabConfig(**abl.QUICK)
+    cfg = LabConfig(**abl.QUICK)
     variants = abl.make_variants(levels=abl.QUICK_LEVELS)
     return abl.run_ablation(abl.lab_runner(cfg, abl.QUICK_SETTINGS, log=lambda line: None), variants,
                             log=lambda line: None)
 
 
-def test_variants_one_factor_at_a_time(abl):
+def test_variants_one_factor_at_a_time():
     variants = abl.make_variants()
     assert variants["ppo_clip"]["registry"] == "ppo"
     assert variants["respo"]["overrides"] == {"respo_trust_mask": False}  # the paper: no mask, whatever the setting
@@ -48,7 +45,7 @@ def test_variants_one_factor_at_a_time(abl):
                                                                   "mask=symmetric"}
 
 
-def test_symmetric_mask_zeroes_out_of_band_tokens_of_both_signs(abl):
+def test_symmetric_mask_zeroes_out_of_band_tokens_of_both_signs():
     # token ratios 0.5, 1.0, 1.5 on two responses of opposite sign
     log_ratio = torch.log(torch.tensor([[0.5, 1.0, 1.5], [0.5, 1.0, 1.5]]))
     mask = torch.ones(2, 3)
@@ -65,7 +62,7 @@ def test_symmetric_mask_zeroes_out_of_band_tokens_of_both_signs(abl):
     torch.testing.assert_close(directional, torch.tensor([[1, 1, 0], [0, 1, 1]]) * plain, rtol=1e-6, atol=0)
 
 
-def test_json_schema(abl, result, tmp_path):
+def test_json_schema(result, tmp_path):
     assert set(result["regimes"]) == {"moderate", "stress"}
     for regime in result["regimes"].values():
         assert set(regime["results"]) == set(result["variants"])
@@ -111,12 +108,12 @@ def test_r1_every_variant_is_the_on_policy_run(result):
     assert len({round(v["R=4"]["final_reward"]["mean"], 6) for v in r4.values()}) > 2
 
 
-def test_max_drop(abl):
+def test_max_drop():
     assert abl.max_drop([0.1, 0.2, 0.2, 0.3]) == 0.0
     assert abl.max_drop([0.1, 0.5, 0.3, 0.4, 0.2]) == pytest.approx(0.3)
 
 
-def _fake(abl, finals: dict, noise=(0.0, 0.02, -0.02), drops=None):
+def _fake(finals: dict, noise=(0.0, 0.02, -0.02), drops=None):
     """A result with the decision's inputs: ``finals[label] = {(regime, key): mean final reward}`` (missing cells
     take the label's ``"*"`` entry); per-seed values are mean + noise."""
     regimes, keys = ("moderate", "stress"), ("R=4", "R=8", "N=8", "N=32")
@@ -141,29 +138,29 @@ def _fake(abl, finals: dict, noise=(0.0, 0.02, -0.02), drops=None):
     return {"variants": variants, "regimes": {g: {"results": raw[g]} for g in regimes}}
 
 
-def test_decision_constants_need_every_primary_cell_and_confirmation(abl):
+def test_decision_constants_need_every_primary_cell_and_confirmation():
     base = {"ppo_clip": {"*": 0.7}, "respo": {"*": 0.75}}
     # better than the paper in all four primary cells, clearly (SE ~ 0 with identical noise): adopted
-    res = _fake(abl, {**base, "pos=(2,0.5,1)": {"*": 0.78}, "neg=(1,0,2)": {"*": 0.9}})
+    res = _fake({**base, "pos=(2,0.5,1)": {"*": 0.78}, "neg=(1,0,2)": {"*": 0.9}})
     dec = abl.decide(res)
     assert dec["winner"] == "pos=(2,0.5,1)" and dec["changes_default"]
     assert dec["recommended"]["respo_lambda_pos"] == 1.0 and dec["recommended"]["respo_lambda_neg"] == 2.0
     assert "neg=(1,0,2)" not in dec["passing"]  # a contrast is never a default, however good
     assert dec["best_overall_by_primary_score"] == "neg=(1,0,2)"
     # worse in one primary cell (stress, N = 8): not adopted
-    res = _fake(abl, {**base, "pos=(2,0.5,1)": {"*": 0.78, ("stress", "N=8"): 0.74}})
+    res = _fake({**base, "pos=(2,0.5,1)": {"*": 0.78, ("stress", "N=8"): 0.74}})
     dec = abl.decide(res)
     assert dec["winner"] == "respo" and not dec["changes_default"]
     assert "stress N=8 -1.0" in dec["table"]["pos=(2,0.5,1)"]["bar"][0]
     # better in every primary cell but clearly worse at a check cell: not adopted
-    res = _fake(abl, {**base, "pos=(2,0.5,1)": {"*": 0.78, ("moderate", "N=32"): 0.70}})
+    res = _fake({**base, "pos=(2,0.5,1)": {"*": 0.78, ("moderate", "N=32"): 0.70}})
     assert abl.decide(res)["winner"] == "respo"
     # unstable (drops more than clipped PPO and 0.02): not adopted
-    res = _fake(abl, {**base, "pos=(2,0.5,1)": {"*": 0.78}}, drops={"pos=(2,0.5,1)": 0.05})
+    res = _fake({**base, "pos=(2,0.5,1)": {"*": 0.78}}, drops={"pos=(2,0.5,1)": 0.05})
     assert abl.decide(res)["winner"] == "respo"
     # passes, but fails to replicate on fresh seeds: not adopted
-    res = _fake(abl, {**base, "pos=(2,0.5,1)": {"*": 0.78}})
-    failed = _fake(abl, {**base, "pos=(2,0.5,1)": {"*": 0.74}})
+    res = _fake({**base, "pos=(2,0.5,1)": {"*": 0.78}})
+    failed = _fake({**base, "pos=(2,0.5,1)": {"*": 0.74}})
     res["confirmation"] = {"seeds": [8, 9, 10], "settings": ["R=4", "N=8"], "regimes": failed["regimes"]}
     dec = abl.decide(res)
     assert dec["passing"] == ["pos=(2,0.5,1)"] and dec["confirmation_ran"]
@@ -171,9 +168,9 @@ def test_decision_constants_need_every_primary_cell_and_confirmation(abl):
     assert dec["winner"] == "respo"
 
 
-def test_decision_normalisation_and_mask(abl):
+def test_decision_normalisation_and_mask():
     base = {"ppo_clip": {"*": 0.7}, "respo": {"*": 0.75}}
-    res = _fake(abl, {**base, "norm=sqrt": {"*": 0.70, ("stress", "R=8"): 0.80}, "norm=mean": {"*": 0.74},
+    res = _fake({**base, "norm=sqrt": {"*": 0.70, ("stress", "R=8"): 0.80}, "norm=mean": {"*": 0.74},
                       "mask=directional": {"*": 0.75, ("moderate", "R=4"): 0.8, ("stress", "R=8"): 0.77,
                                            ("moderate", "N=8"): 0.70}})
     dec = abl.decide(res)
@@ -184,11 +181,11 @@ def test_decision_normalisation_and_mask(abl):
     mask = dec["trust_mask"]
     assert mask["epochs"]["mask_default_for_R_gt_1"] and mask["epochs"]["mean_gap_points"] == pytest.approx(1.75)
     assert not mask["staleness"]["mask_default_for_N"]  # worse at N = 8: the paper-pure default stays
-    res = _fake(abl, {**base, "mask=directional": {"*": 0.76, ("stress", "R=4"): 0.70}})
+    res = _fake({**base, "mask=directional": {"*": 0.76, ("stress", "R=4"): 0.70}})
     assert not abl.decide(res)["trust_mask"]["epochs"]["mask_default_for_R_gt_1"]  # one epoch cell clearly worse
 
 
-def test_cli_quick_writes_json_png_and_markdown(abl, tmp_path, capsys):
+def test_cli_quick_writes_json_png_and_markdown(tmp_path, capsys):
     abl.main(["--quick", "--factors", "mask", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "ablation_lab.json").read_text())
     assert {"config", "variants", "regimes", "criteria", "decision", "runtime_s", "cpu_s", "command",

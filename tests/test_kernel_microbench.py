@@ -3,18 +3,12 @@
 import json
 import pathlib
 
-import pytest
 import torch
 
-BENCH_PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "kernel_microbench.py"
+from benchmarks import kernel_microbench as bench
 
 
-@pytest.fixture(scope="module")
-def bench(load_script):
-    return load_script("benchmarks/kernel_microbench.py")
-
-
-def test_losses_agree_on_policy_and_differ_off_policy(bench):
+def test_losses_agree_on_policy_and_differ_off_policy():
     assert bench.check_on_policy_equivalence("cpu", torch.float32) < 1e-6
     x = bench.make_inputs(4, 32, "cpu", torch.float32)
     x["old"] = x["old"] + 0.5  # far off-policy: the kernels must now give different gradients
@@ -27,7 +21,7 @@ def test_losses_agree_on_policy_and_differ_off_policy(bench):
     assert not torch.allclose(grads["respo"], grads["respo_mask"])
 
 
-def test_respo_times_the_papers_kernel(bench):
+def test_respo_times_the_papers_kernel():
     # the timed expression's gradient is -phi(W_i) A_i / num_items on every unmasked token, phi the closed forms
     x = bench.make_inputs(6, 16, "cpu", torch.float32, seed=4)
     x["old"] = x["logp"].detach() + 0.05 * torch.randn(6, 16, generator=torch.Generator().manual_seed(1))
@@ -41,7 +35,7 @@ def test_respo_times_the_papers_kernel(bench):
     torch.testing.assert_close(x["logp"].grad.double(), expected, rtol=1e-5, atol=1e-9)
 
 
-def test_cli_writes_rows_for_every_length_and_method(bench, tmp_path, capsys):
+def test_cli_writes_rows_for_every_length_and_method(tmp_path, capsys):
     out = tmp_path / "mb.json"
     bench.main(["--lengths", "32", "64", "--batch", "4", "--repeats", "3", "--warmup", "1", "--out", str(out),
                 "--no-plot"])
@@ -56,7 +50,7 @@ def test_cli_writes_rows_for_every_length_and_method(bench, tmp_path, capsys):
     assert json.loads(last)["threads"] == data["machine"]["threads"]
 
 
-def test_vespo_weight_compiled_from_trl_source_equals_trl(bench):
+def test_vespo_weight_compiled_from_trl_source_equals_trl():
     import trl
 
     source = pathlib.Path(trl.__file__).parent / "trainer" / "grpo_trainer.py"

@@ -4,13 +4,15 @@ Only what cannot run offline is substituted: the Hub model id becomes a local ti
 local toy dataset, and the run is cut to one optimizer step of tiny batches. Everything else executes verbatim.
 """
 
+import ast
 import os
 import re
 from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 
 
 def python_blocks(section: str) -> list[str]:
@@ -65,24 +67,80 @@ def test_config_and_kernel_snippets_run_verbatim(in_tmp):
     assert namespace["phi"].shape == (4,) and namespace["loss"].isfinite()
 
 
+def benchmark_modules() -> dict[str, ast.Module]:
+    """benchmarks/'s modules by name, parsed (``__init__`` aside)."""
+    return {p.stem: ast.parse(p.read_text()) for p in sorted((ROOT / "benchmarks").glob("*.py")) if p.stem != "__init__"}
+
+
+def has_main(tree: ast.Module) -> bool:
+    return any(isinstance(node, ast.FunctionDef) and node.name == "main" for node in tree.body)
+
+
 def test_every_benchmark_and_script_runs_as_documented_from_the_repository_root():
     """`python benchmarks/starvation_lab.py` failed with ModuleNotFoundError: benchmarks unless PYTHONPATH=. was set.
-    Every script prints its --help from the repository root with no PYTHONPATH."""
+    Every benchmark (a module of benchmarks/ with a ``main``) prints its --help as ``python -m benchmarks.NAME`` from
+    the repository root with no PYTHONPATH, and every script in scripts/ as ``python scripts/NAME.py``."""
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    scripts = [p for folder in ("benchmarks", "scripts") for p in sorted((root / folder).glob("*.py"))
-               if p.name not in ("__init__.py", "machine.py")]  # fmt: skip
-    assert len(scripts) >= 10
+    benchmarks = [name for name, tree in benchmark_modules().items() if has_main(tree)]
+    assert len(benchmarks) >= 10 and "smollm2_staleness" in benchmarks and "common" not in benchmarks
+    commands = [["-m", f"benchmarks.{name}"] for name in benchmarks]
+    commands += [[str(p.relative_to(ROOT))] for p in sorted((ROOT / "scripts").glob("*.py"))]
     failed = []
-    for script in scripts:
-        result = subprocess.run([sys.executable, str(script.relative_to(root)), "--help"], cwd=root, env=env,
-                                capture_output=True, text=True, timeout=120)  # fmt: skip
+    for command in commands:
+        result = subprocess.run([sys.executable, *command, "--help"], cwd=ROOT, env=env, capture_output=True, text=True,
+                                timeout=120)  # fmt: skip
         if result.returncode != 0:
-            failed.append(f"{script.name}: {result.stderr.strip().splitlines()[-1:]}")
+            failed.append(f"{' '.join(command)}: {result.stderr.strip().splitlines()[-1:]}")
     assert not failed, failed
+
+
+def test_no_benchmark_imports_another_and_the_shared_modules_are_no_benchmarks():
+    """Shared code lives in modules without a ``main`` (``benchmarks/common.py`` and the engines two benchmarks build
+    on); a benchmark imports those, never another benchmark."""
+    modules = benchmark_modules()
+    benchmarks = {name for name, tree in modules.items() if has_main(tree)}
+    assert {"common", "regime_runs", "starvation_sim"} <= set(modules) - benchmarks
+    imported = {}
+    for name, tree in modules.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "benchmarks":
+                imported.setdefault(name, set()).update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("benchmarks."):
+                imported.setdefault(name, set()).add(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                imported.setdefault(name, set()).update(
+                    alias.name.split(".")[1] for alias in node.names if alias.name.startswith("benchmarks."))
+    wrong = {name: sorted(found & benchmarks) for name, found in imported.items() if found & benchmarks}
+    assert not wrong, wrong
+
+
+# a change of the interpreter's module path: assignment, insert/append/extend/remove, augmented, item assignment
+PATH_EDIT = re.compile(
+    r"\bsys\.path\s*(?:\[[^]]*\]\s*)?(?:=(?!=)|\+=)|\bsys\.path\.(?:insert|append|extend|remove)\(|addsitedir\("
+)
+# the only ones allowed: test workers run by path in processes of their own, each under a comment saying why
+ALLOWED_PATH_EDITS = {"tests/workers/ddp_reuse.py", "tests/verl_integration/actor_update.py"}
+
+
+def test_no_sys_path_edits_in_benchmarks_recipes_scripts_and_tests():
+    """Benchmarks run as modules from the repository root and import the package (``respo_trl/rewards.py``'s
+    insertion of the working directory, for a user's ``module:function`` reward, is the package's own)."""
+    found, allowed = [], {}
+    for folder in ("benchmarks", "recipes", "scripts", "tests"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            lines = path.read_text().splitlines()
+            for i, line in enumerate(lines):
+                if PATH_EDIT.search(line):
+                    where = str(path.relative_to(ROOT))
+                    if where in ALLOWED_PATH_EDITS and i > 0 and lines[i - 1].lstrip().startswith("# "):
+                        allowed[where] = allowed.get(where, 0) + 1
+                    else:
+                        found.append(f"{where}:{i + 1}: {line.strip()}")
+    assert not found, found
+    assert all(count == 1 for count in allowed.values()), allowed  # one line each, two at most
 
 
 def test_the_readme_is_a_five_minute_page_whose_names_and_links_are_real():

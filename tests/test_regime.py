@@ -1,4 +1,5 @@
-"""benchmarks/regime.py: the decision rule, the gate's statistics on known histories, and smoke runs of both stages."""
+"""benchmarks/regime.py (and regime_runs.py, the runs it shares with regime_mechanism.py): the decision rule, the
+gate's statistics on known histories, and smoke runs of both stages."""
 
 import json
 import math
@@ -9,23 +10,20 @@ import sys
 import pytest
 from conftest import ROOT
 
-
-@pytest.fixture(scope="module")
-def regime(load_script):
-    return load_script("benchmarks/regime.py")
+from benchmarks import common, regime, regime_runs
 
 
-def test_t_quantiles_are_the_tables(regime):
-    assert regime.t_quantile(4) == pytest.approx(2.776)  # 5 paired seeds
-    assert regime.t_quantile(2) == pytest.approx(4.303)
-    assert regime.t_quantile(60) == pytest.approx(2.000, abs=2e-3)  # the expansion beyond the table
-    assert math.isinf(regime.t_quantile(0))
+def test_t_quantiles_are_the_tables():
+    assert common.t_quantile(4) == pytest.approx(2.776)  # 5 paired seeds
+    assert common.t_quantile(2) == pytest.approx(4.303)
+    assert common.t_quantile(60) == pytest.approx(2.000, abs=2e-3)  # the expansion beyond the table
+    assert math.isinf(common.t_quantile(0))
 
 
-def test_paired_differences_and_interval(regime):
+def test_paired_differences_and_interval():
     a = {0: 0.30, 1: 0.32, 2: 0.28, 3: 0.31, 4: 0.29}
     b = {0: 0.25, 1: 0.27, 2: 0.26, 3: 0.25, 4: 0.27, 5: 0.9}  # seed 5 has no partner: not paired
-    d = regime.paired(a, b)
+    d = common.paired(a, b)
     assert d["seeds"] == [0, 1, 2, 3, 4] and d["per_seed"][0] == pytest.approx(5.0)
     diffs = [5.0, 5.0, 2.0, 6.0, 2.0]
     mean, sd = sum(diffs) / 5, (sum((x - 4.0) ** 2 for x in diffs) / 4) ** 0.5
@@ -43,7 +41,7 @@ def scores(respo, best, pos1, seeds=5, other=0.20):
     }
 
 
-def test_the_decision_rule(regime):
+def test_the_decision_rule():
     holds = regime.verdict(True, scores([0.30, 0.31, 0.29, 0.30, 0.32], [0.25, 0.25, 0.26, 0.24, 0.25], pos1=0.28))
     assert holds["verdict"] == "holds" and holds["best_baseline"] == "dapo"
     # the same gain without beating phi+ = 1 does not hold
@@ -84,21 +82,21 @@ def history(updates=64, n=32, low_at=lambda k: k >= 16):
     return {"history": rows, "updates": updates, "N": n, "generated_tokens": 1, "wall_s": 1.0}
 
 
-def test_gate_statistics_pool_by_staleness_and_over_the_first_half(regime):
+def test_gate_statistics_pool_by_staleness_and_over_the_first_half():
     run = history()
-    stats = regime.low_weight_by_staleness(run)
+    stats = regime_runs.low_weight_by_staleness(run)
     assert stats["per_k"][0]["share"] == 0.0 and stats["per_k"][20]["share"] == pytest.approx(0.25)
     assert stats["bins"]["16-23"]["share"] == pytest.approx(0.25) and stats["bins"]["0-7"]["share"] == 0.0
-    pooled = regime.run_stats(run)["positive_branch"]  # first half: steps 1-32, half of them stale >= 16
+    pooled = regime_runs.run_stats(run)["positive_branch"]  # first half: steps 1-32, half of them stale >= 16
     assert pooled["share"] == pytest.approx(16 / 128) and pooled["mass_share"] == pytest.approx(8 / 128)
     assert pooled["respo_mass_ratio"] == pytest.approx((24 / 128) / (16 / 128))  # the same-batch counterfactual
-    assert regime.per_update_kl(run)["per_token"] == pytest.approx(0.001)  # staleness 1 only
-    assert regime.per_update_kl(run)["per_response"] == pytest.approx(0.1)
-    assert regime.per_update_kl(run)["cycle"] == pytest.approx(0.0275)  # staleness 24-31, after the first cycle
-    assert regime.late_mean(run) == pytest.approx(0.1 + 33 / 1000)  # the one rollout batch sampled after update 32
+    assert common.per_update_kl(run)["per_token"] == pytest.approx(0.001)  # staleness 1 only
+    assert common.per_update_kl(run)["per_response"] == pytest.approx(0.1)
+    assert common.per_update_kl(run)["cycle"] == pytest.approx(0.0275)  # staleness 24-31, after the first cycle
+    assert common.late_mean(run) == pytest.approx(0.1 + 33 / 1000)  # the one rollout batch sampled after update 32
 
 
-def test_runs_start_in_the_comparisons_order_as_workers_free_up(regime, tmp_path, monkeypatch):
+def test_runs_start_in_the_comparisons_order_as_workers_free_up(tmp_path, monkeypatch):
     """The rule's 5-seed arms come first, seed by seed; a 3-seed arm's run whose warm start happens to be ready earlier
     does not jump ahead of them once a worker is free (the pool runs what it is given first-in first-out)."""
     args = regime.parse(["compare", "--work", str(tmp_path)])
@@ -113,9 +111,9 @@ def test_runs_start_in_the_comparisons_order_as_workers_free_up(regime, tmp_path
     queue = [s for s in specs if s["name"] in ("respo_pos1-N32-seed2", "gspo-N32-seed0", "onpolicy-N1-seed0",
                                                "dapo_clip_higher-N32-seed0")]  # fmt: skip
     seed0, seed2 = ("long-nuisance", 0), ("long-nuisance", 2)
-    assert [s["name"] for s in regime.next_runs(queue, {seed0}, 2)] == ["gspo-N32-seed0", "onpolicy-N1-seed0"]
-    assert [s["name"] for s in regime.next_runs(queue, {seed0, seed2}, 1)] == ["respo_pos1-N32-seed2"]
-    assert regime.next_runs(queue, {seed0, seed2}, 0) == []
+    assert [s["name"] for s in regime_runs.next_runs(queue, {seed0}, 2)] == ["gspo-N32-seed0", "onpolicy-N1-seed0"]
+    assert [s["name"] for s in regime_runs.next_runs(queue, {seed0, seed2}, 1)] == ["respo_pos1-N32-seed2"]
+    assert regime_runs.next_runs(queue, {seed0, seed2}, 0) == []
 
     # and run_all dispatches that way: a pool that runs each task when submitted, warm starts landing seed 0 first
     from concurrent.futures import Future
@@ -147,17 +145,17 @@ def test_runs_start_in_the_comparisons_order_as_workers_free_up(regime, tmp_path
         started.append(spec["name"])
         return {"name": spec["name"], "stage": "compare", "wall_s": 0.0}
 
-    monkeypatch.setattr(regime, "ProcessPoolExecutor", Pool)
-    monkeypatch.setattr(regime, "as_completed", lambda fs: iter(sorted(fs, key=lambda f: f.rank)))
-    monkeypatch.setattr(regime, "profile_warm_start", profile)
-    monkeypatch.setattr(regime, "run_one", run)
-    monkeypatch.setattr(regime, "run_stats", lambda r: {"late_mean": None, "positive_branch": {"share": math.nan}})
+    monkeypatch.setattr(regime_runs, "ProcessPoolExecutor", Pool)
+    monkeypatch.setattr(regime_runs, "as_completed", lambda fs: iter(sorted(fs, key=lambda f: f.rank)))
+    monkeypatch.setattr(regime_runs, "profile_warm_start", profile)
+    monkeypatch.setattr(regime_runs, "run_one", run)
+    monkeypatch.setattr(regime_runs, "run_stats", lambda r: {"late_mean": None, "positive_branch": {"share": math.nan}})
     args.workers = 2
-    regime.run_all(args, queue, tmp_path / "runs")
+    regime_runs.run_all(args, queue, tmp_path / "runs")
     assert started == ["gspo-N32-seed0", "onpolicy-N1-seed0", "respo_pos1-N32-seed2", "dapo_clip_higher-N32-seed0"]
 
 
-def test_a_comparison_away_from_the_gates_choice_gets_no_verdict(regime, tmp_path, capsys):
+def test_a_comparison_away_from_the_gates_choice_gets_no_verdict(tmp_path, capsys):
     """A post-hoc run (another learning rate) reuses the committed gate through --gate-dir; the decision rule, written
     for the gated configuration, is not applied to it. At the gate's own choice it is."""
     gate_dir = tmp_path / "regime" / "gate"
@@ -198,7 +196,7 @@ def test_a_comparison_away_from_the_gates_choice_gets_no_verdict(regime, tmp_pat
     assert regime.posthoc_reason({"chosen": None}, "long", 7e-5) is None  # no gate choice: the rule says so itself
 
 
-def test_bad_task_settings_and_an_unpassed_gate_are_refused(regime, tmp_path, capsys):
+def test_bad_task_settings_and_an_unpassed_gate_are_refused(tmp_path, capsys):
     from respo_trl.demo.tasks import ArithmeticTask
 
     with pytest.raises(ValueError, match="min_terms"):
@@ -220,10 +218,10 @@ def test_bad_task_settings_and_an_unpassed_gate_are_refused(regime, tmp_path, ca
 def test_smoke_runs_of_the_gate_and_the_comparison(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    base = [sys.executable, str(ROOT / "benchmarks" / "regime.py")]
-    common = ["--smoke", "--out", str(out), "--work", str(work), "--workers", "1"]
-    subprocess.run([*base, "gate", *common], cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
-    compare = subprocess.run([*base, "compare", *common, "--override-gate", "--setting", "short", "--lr", "1e-4",
+    base = [sys.executable, "-m", "benchmarks.regime"]
+    flags = ["--smoke", "--out", str(out), "--work", str(work), "--workers", "1"]
+    subprocess.run([*base, "gate", *flags], cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
+    compare = subprocess.run([*base, "compare", *flags, "--override-gate", "--setting", "short", "--lr", "1e-4",
                               "--arms", "dapo", "respo", "onpolicy"], cwd=ROOT, env=env, capture_output=True,
                              text=True, timeout=600)  # fmt: skip
     assert compare.returncode == 0, compare.stderr[-2000:]
@@ -234,7 +232,7 @@ def test_smoke_runs_of_the_gate_and_the_comparison(tmp_path):
     assert summary["verdict"]["verdict"] in ("holds", "fails", "inconclusive")
     assert (out / "regime_gate.png").is_file() and (out / "regime_comparison.png").is_file()
     first = sorted(p.name for p in (out / "arms").glob("*.json"))
-    again = subprocess.run([*base, "compare", *common, "--override-gate", "--setting", "short", "--lr", "1e-4",
+    again = subprocess.run([*base, "compare", *flags, "--override-gate", "--setting", "short", "--lr", "1e-4",
                             "--arms", "dapo", "respo", "onpolicy"], cwd=ROOT, env=env, capture_output=True, text=True,
                            timeout=600)  # fmt: skip
     assert "3 runs, 3 done, 0 to run" in again.stdout  # resumed: finished runs are never rerun
@@ -249,7 +247,7 @@ def test_smoke_runs_of_the_gate_and_the_comparison(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_cut_mid_way_resumes_from_its_last_cycle_with_the_same_record(regime, tmp_path, monkeypatch):
+def test_a_run_cut_mid_way_resumes_from_its_last_cycle_with_the_same_record(tmp_path, monkeypatch):
     """A session that ends mid-run loses at most the cycle in progress: the run is checkpointed every N updates and,
     started again, resumes from there and writes the record an uninterrupted run writes."""
     from respo_trl.recipe.cli import Interrupted
@@ -258,7 +256,7 @@ def test_a_run_cut_mid_way_resumes_from_its_last_cycle_with_the_same_record(regi
     args = regime.parse(["compare", "--smoke", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")])
 
     def spec(name):
-        s = regime.base_spec(args, "short", 1)
+        s = regime_runs.base_spec(args, "short", 1)
         s.update(name=name, stage="compare", arm="respo", lr=1e-4, loss_args=regime.ARMS["respo"][0], evaluate=True,
                  runs_dir=str(tmp_path / "out" / name))  # fmt: skip
         for d in (s["runs_dir"], s["scratch"], s["logs_dir"]):
@@ -266,8 +264,8 @@ def test_a_run_cut_mid_way_resumes_from_its_last_cycle_with_the_same_record(regi
         return s
 
     s = spec("whole")
-    regime.profile_warm_start("short", 1, [*s["setting_args"], *s["extra"]], s["warm_path"], 8, 2)
-    whole = regime.run_one(s)
+    regime_runs.profile_warm_start("short", 1, [*s["setting_args"], *s["extra"]], s["warm_path"], 8, 2)
+    whole = regime_runs.run_one(s)
     assert s["N"] == 2 and whole["global_step"] == 4 and "resumed_from_step" not in whole
 
     step = ReSPOTrainer.training_step
@@ -280,10 +278,10 @@ def test_a_run_cut_mid_way_resumes_from_its_last_cycle_with_the_same_record(regi
     cut = spec("cut")
     monkeypatch.setattr(ReSPOTrainer, "training_step", cut_at_update_4)
     with pytest.raises(Interrupted, match="interrupted at step 3 of 4"):  # Ctrl-C, as the recipe reports it
-        regime.run_one(cut)
+        regime_runs.run_one(cut)
     assert sorted(os.listdir(os.path.join(cut["scratch"], "cut"))).count("checkpoint-2") == 1
     monkeypatch.setattr(ReSPOTrainer, "training_step", step)
-    resumed = regime.run_one(cut)
+    resumed = regime_runs.run_one(cut)
     assert resumed["resumed_from_step"] == 2
     assert [h["step"] for h in resumed["history"]] == [1, 2, 3, 4]  # every update once, the first cycle's from disk
     assert resumed["history"] == whole["history"]

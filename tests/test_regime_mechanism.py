@@ -10,11 +10,8 @@ import sys
 import pytest
 from conftest import ROOT
 
-
-@pytest.fixture(scope="module")
-def mech(load_script):
-    load_script("benchmarks/regime.py")
-    return load_script("benchmarks/regime_mechanism.py")
+from benchmarks import common
+from benchmarks import regime_mechanism as mech
 
 
 def run(arm, seed, kl=lambda step, k: 0.001 * k, n=32, updates=64, reward=0.3, lr=1e-4, pos=1.0, neg=1.0):
@@ -32,23 +29,22 @@ def run(arm, seed, kl=lambda step, k: 0.001 * k, n=32, updates=64, reward=0.3, l
             "heldout": {"greedy_before": 0.25}}  # fmt: skip
 
 
-def test_movement_is_measured_over_a_cycle_after_warm_up_and_by_staleness(mech):
+def test_movement_is_measured_over_a_cycle_after_warm_up_and_by_staleness():
     """Catches: the one-step KL read as movement, the warm-up cycle (lr = 0, then ramping) averaged in, the
     positive/negative weight ratio taken on fresh mini-batches."""
-    regime = mech.regime
     r = run("respo", 1, kl=lambda step, k: 5.0 if step <= 32 else 0.001 * k, pos=2.0, neg=1.0)
     for h in r["history"][:32]:
         h["starvation/grad_throughput/pos"] = 100.0  # the first cycle must not count
-    kl = regime.per_update_kl(r)
+    kl = common.per_update_kl(r)
     assert kl["per_token"] == pytest.approx(0.001)  # k = 1, second cycle only
     assert kl["cycle"] == pytest.approx(0.001 * sum(range(24, 32)) / 8)  # k = 24-31
-    assert regime.kl_by_staleness(r)[10] == pytest.approx(0.010) and 0 not in regime.kl_by_staleness(r)
-    assert regime.pos_neg_weight_ratio(r) == pytest.approx(2.0)
+    assert common.kl_by_staleness(r)[10] == pytest.approx(0.010) and 0 not in common.kl_by_staleness(r)
+    assert common.pos_neg_weight_ratio(r) == pytest.approx(2.0)
     assert mech.run_row(r)["cycle_kl_mean"] == pytest.approx(0.001 * 16)  # k = 1-31 of the steady cycles: mean 16
-    assert regime.per_update_kl(run("onpolicy", 1, n=1))["cycle"] is None  # nothing is stale under N = 1
+    assert common.per_update_kl(run("onpolicy", 1, n=1))["cycle"] is None  # nothing is stale under N = 1
 
 
-def test_equal_movement_learning_rate(mech):
+def test_equal_movement_learning_rate():
     points = [(2e-5, 0.004), (3e-5, 0.008), (1e-4, 0.020)]
     # log-log interpolation between the bracketing points: KL 0.010 lies between lr 3e-5 and 1e-4
     t = math.log(0.010 / 0.008) / math.log(0.020 / 0.008)
@@ -64,7 +60,7 @@ def scores(values, arm, seeds=(1, 2, 3, 4)):
 STORED = {"respo": scores([0.35, 0.63, 0.59, 0.57], "respo"), "vespo": scores([0.49, 0.72, 0.62, 0.67], "vespo")}
 
 
-def test_a_variant_is_read_by_the_rule_written_before_the_runs(mech):
+def test_a_variant_is_read_by_the_rule_written_before_the_runs():
     respo, vespo = mech.scores_of(STORED["respo"]), mech.scores_of(STORED["vespo"])
     closes = mech.variant_reading({1: 0.48, 2: 0.71, 3: 0.61, 4: 0.66}, respo, vespo)  # +10-13 over ReSPO, -1 to VESPO
     assert closes["reading"] == "closes the gap" and not closes["beats_vespo"]
@@ -77,7 +73,7 @@ def test_a_variant_is_read_by_the_rule_written_before_the_runs(mech):
     assert mech.variant_reading({1: 0.5}, respo, vespo)["reading"] == "incomplete"  # one seed: no interval
 
 
-def test_each_hypothesis_is_read_by_its_rule(mech):
+def test_each_hypothesis_is_read_by_its_rule():
     arms = {
         "respo_negvespo": scores([0.48, 0.71, 0.61, 0.66], "respo_negvespo"),
         "vespo_pos1": scores([0.40, 0.60, 0.55, 0.58], "vespo_pos1"),  # 7-12 points below VESPO on every seed
@@ -109,7 +105,7 @@ def test_each_hypothesis_is_read_by_its_rule(mech):
     assert mech.readings(arms, stored)["H4"]["reading"] == "neither"
 
 
-def test_h2_reads_equal_movement_and_reports_the_movement_it_reached(mech):
+def test_h2_reads_equal_movement_and_reports_the_movement_it_reached():
     """H2 is supported only if ReSPO at the fitted lr closes the gap; the lr is fitted on seed 1, so the movement it
     actually reached against VESPO is reported for every seed (5.5)."""
     stored = {"respo": [{**r, "cycle_kl": 0.020} for r in STORED["respo"]],
@@ -124,7 +120,7 @@ def test_h2_reads_equal_movement_and_reports_the_movement_it_reached(mech):
     assert mech.readings({"respo_eqmove": closes[:3]}, stored)["H2"]["supported"] is None  # 3 seeds: not read
 
 
-def test_age_aligned_score_takes_the_batches_of_the_late_policy_ages(mech):
+def test_age_aligned_score_takes_the_batches_of_the_late_policy_ages():
     r = run("onpolicy", 3, n=1, updates=256)
     for h in r["history"]:
         h["reward"] = float(h["step"] - 1)  # the policy's age
@@ -132,7 +128,7 @@ def test_age_aligned_score_takes_the_batches_of_the_late_policy_ages(mech):
     assert mech.age_aligned(r) == pytest.approx((128 + 160 + 192 + 224) / 4 - 0.5)
 
 
-def test_a_run_whose_warm_start_differs_is_not_paired(mech):
+def test_a_run_whose_warm_start_differs_is_not_paired():
     stored = {"respo-N32-seed1": run("respo", 1)}
     assert mech.pairing_problem(run("respo_groups", 1), stored) is None
     other = run("respo_groups", 1)
@@ -144,7 +140,7 @@ def test_a_run_whose_warm_start_differs_is_not_paired(mech):
     assert "no stored run of seed 7" in mech.pairing_problem(run("x", 7), stored)
 
 
-def test_runs_come_in_the_order_written_before_them_and_h2_waits_for_its_search(mech, tmp_path):
+def test_runs_come_in_the_order_written_before_them_and_h2_waits_for_its_search(tmp_path):
     stored_dir = tmp_path / "stored" / "arms"
     stored_dir.mkdir(parents=True)
     stored = {"respo-N32-seed1": run("respo", 1), "vespo-N32-seed1": run("vespo", 1, kl=lambda s, k: 0.0005 * k)}
@@ -168,14 +164,14 @@ def test_runs_come_in_the_order_written_before_them_and_h2_waits_for_its_search(
 def test_smoke_run_pairs_with_a_stored_comparison_and_resumes(tmp_path):
     stored, out, work = tmp_path / "stored", tmp_path / "mech", tmp_path / "work"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    regime = [sys.executable, str(ROOT / "benchmarks" / "regime.py")]
-    common = ["--smoke", "--work", str(work), "--workers", "1"]
-    subprocess.run([*regime, "compare", *common, "--out", str(stored), "--override-gate", "--setting", "short",
+    regime = [sys.executable, "-m", "benchmarks.regime"]
+    flags = ["--smoke", "--work", str(work), "--workers", "1"]
+    subprocess.run([*regime, "compare", *flags, "--out", str(stored), "--override-gate", "--setting", "short",
                     "--lr", "1e-4", "--arms", "respo", "vespo", "--seeds", "1"], cwd=ROOT, env=env, check=True,
                    capture_output=True, timeout=600)  # fmt: skip
-    mech = [sys.executable, str(ROOT / "benchmarks" / "regime_mechanism.py"), "run", *common, "--out", str(out),
-            "--stored", str(stored), "--arms", "respo_groups", "respo_eqmove"]  # fmt: skip
-    first = subprocess.run(mech, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    run_mech = [sys.executable, "-m", "benchmarks.regime_mechanism", "run", *flags, "--out", str(out),
+                "--stored", str(stored), "--arms", "respo_groups", "respo_eqmove"]  # fmt: skip
+    first = subprocess.run(run_mech, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     summary = json.loads((out / "mechanism.json").read_text())
     assert summary["unpaired"] == {}  # same warm start as the stored runs: the pairing check passes
@@ -183,11 +179,11 @@ def test_smoke_run_pairs_with_a_stored_comparison_and_resumes(tmp_path):
     assert {"respo_groups", "respo_search"} <= set(summary["arms"])
     assert summary["h2_search"]["lr"] is not None and "respo_eqmove" in summary["arms"]  # H2 ran after its search
     assert (out / "mechanism.png").is_file()
-    again = subprocess.run(mech, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    again = subprocess.run(run_mech, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert ", 0 to run;" in again.stdout  # resumed: finished runs are never rerun
 
     # the guard that new runs still pair with stored ones: this code reproduces the stored run's first updates...
-    check = [sys.executable, str(ROOT / "benchmarks" / "regime_mechanism.py"), "check", *common, "--out", str(out),
+    check = [sys.executable, "-m", "benchmarks.regime_mechanism", "check", *flags, "--out", str(out),
              "--stored", str(stored), "--arm", "respo", "--seed", "1", "--updates", "2"]  # fmt: skip
     same = subprocess.run(check, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert same.returncode == 0 and ", 0 differ" in same.stdout, same.stdout + same.stderr[-2000:]
@@ -200,7 +196,7 @@ def test_smoke_run_pairs_with_a_stored_comparison_and_resumes(tmp_path):
     assert changed.returncode != 0 and "step 2 entropy" in changed.stdout
 
 
-def test_a_partial_arm_is_shown_but_never_read(mech):
+def test_a_partial_arm_is_shown_but_never_read():
     """5.5 reads each hypothesis over seeds 1-4: two seeds in, the table has the differences and no reading."""
     respo, vespo = mech.scores_of(STORED["respo"]), mech.scores_of(STORED["vespo"])
     two = mech.variant_reading({1: 0.60, 2: 0.90}, respo, vespo)  # far ahead of both on the two seeds it has

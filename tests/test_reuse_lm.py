@@ -8,13 +8,10 @@ import sys
 import pytest
 from conftest import ROOT
 
-
-@pytest.fixture(scope="module")
-def bench(load_script):
-    return load_script("benchmarks/reuse_lm.py")
+from benchmarks import reuse_lm as bench
 
 
-def test_tokens_to_reach_interpolates_and_says_never(bench):
+def test_tokens_to_reach_interpolates_and_says_never():
     curve = [(0, 0.2), (100, 0.6), (200, 0.9)]
     assert bench.tokens_to_reach(curve, 0.2) == 0
     assert bench.tokens_to_reach(curve, 0.4) == pytest.approx(50)
@@ -36,7 +33,7 @@ def run(seed, loss, setting, after, pos, curve, model="dense", low=(0.25, 0.5)):
     }  # fmt: skip
 
 
-def test_claims_pair_seeds_and_use_the_clipped_r1_final_accuracy(bench):
+def test_claims_pair_seeds_and_use_the_clipped_r1_final_accuracy():
     results = [
         run(0, "dapo", "R1", 0.6, 1.0, [(0, 0.2), (1000, 0.6)]),
         run(1, "dapo", "R1", 0.8, 1.0, [(0, 0.2), (1000, 0.8)]),
@@ -71,7 +68,7 @@ def test_smoke_run_of_the_script(tmp_path):
     """Every arm runs the real recipe from a shared warm start; equal sampling budgets; JSON, plots and resume."""
     out, work = tmp_path / "out", tmp_path / "work"
     command = [
-        sys.executable, str(ROOT / "benchmarks" / "reuse_lm.py"), "--smoke", "--out", str(out), "--work", str(work),
+        sys.executable, "-m", "benchmarks.reuse_lm", "--smoke", "--out", str(out), "--work", str(work),
         "--seeds", "0", "--losses", "dapo", "respo", "--reuse", "1", "4", "--staleness", "2", "--moe_losses", "respo",
         "--generations", "2", "--eval_every", "1", "--updates", "4", "--eval_updates", "2", "--workers", "1",
     ]  # fmt: skip
@@ -101,7 +98,7 @@ def test_smoke_run_of_the_script(tmp_path):
     assert again.returncode == 0 and "8 arms, 8 already done, 0 to run" in again.stdout  # resumes, reruns nothing
 
 
-def test_per_pass_groups_steps_by_their_pass_over_the_batch(bench):
+def test_per_pass_groups_steps_by_their_pass_over_the_batch():
     # R = 2: steps 1, 3 are fresh passes, steps 2, 4 reuse; step 5 lies beyond the window
     history = [{"step": s, "grad_norm": g} for s, g in ((1, 1.0), (2, 0.2), (3, 3.0), (4, 0.4), (5, 100.0))]
     table = bench.per_pass({"reuse": 2, "history": history}, steps=4)

@@ -7,19 +7,16 @@ import math
 import pytest
 import torch
 
+from benchmarks import starvation_lab as lab
+from benchmarks import starvation_sim as sim
 from respo_trl.diagnostics import positive_low_weight_stats
 from respo_trl.kernels import LossParams, gradient_coefficients, kish_ess, respo_kernel
 
 
 @pytest.fixture(scope="module")
-def lab(load_script):
-    return load_script("benchmarks/starvation_lab.py")
-
-
-@pytest.fixture(scope="module")
-def result(lab):
+def result():
     torch.set_num_threads(1)
-    cfg = lab.LabConfig(**lab.QUICK)
+    cfg = sim.LabConfig(**lab.QUICK)
     return lab.run_lab(cfg, log=lambda line: None)
 
 
@@ -35,9 +32,9 @@ def phi_neg(w):  # the paper's negative branch (1, 0.5, 2)
 
 
 @pytest.mark.parametrize("n", [1, 4, 8, 16, 32])
-def test_staleness_schedule_each_sample_once_minibatch_k_is_k_stale(lab, n):
-    cfg = lab.LabConfig()
-    plan = lab.schedule(cfg, lab.Reuse("staleness", n))
+def test_staleness_schedule_each_sample_once_minibatch_k_is_k_stale(n):
+    cfg = sim.LabConfig()
+    plan = sim.schedule(cfg, sim.Reuse("staleness", n))
     updates = [u for _, ups in plan for u in ups]
     assert len(updates) == cfg.batches * cfg.prompts // cfg.minibatch_prompts  # the same number for every N
     assert sum(draws for draws, _ in plan) == cfg.batches * cfg.prompts  # equal generated tokens
@@ -52,29 +49,29 @@ def test_staleness_schedule_each_sample_once_minibatch_k_is_k_stale(lab, n):
 
 
 @pytest.mark.parametrize("r", [1, 2, 8])
-def test_epoch_schedule_each_sample_r_times(lab, r):
-    cfg = lab.LabConfig()
-    plan = lab.schedule(cfg, lab.Reuse("epochs", r))
+def test_epoch_schedule_each_sample_r_times(r):
+    cfg = sim.LabConfig()
+    plan = sim.schedule(cfg, sim.Reuse("epochs", r))
     assert len(plan) == cfg.batches and all(draws == cfg.prompts for draws, _ in plan)
     for b, (_, ups) in enumerate(plan):
         assert [(u.lo, u.hi, u.staleness, u.budget_batch) for u in ups] == [(0, 32, k, b) for k in range(r)]
 
 
-def test_staleness_schedule_cuts_the_last_rollout_at_the_budget(lab):
-    cfg = lab.LabConfig(batches=3)  # 12 updates of 8 prompts
-    plan = lab.schedule(cfg, lab.Reuse("staleness", 8))
+def test_staleness_schedule_cuts_the_last_rollout_at_the_budget():
+    cfg = sim.LabConfig(batches=3)  # 12 updates of 8 prompts
+    plan = sim.schedule(cfg, sim.Reuse("staleness", 8))
     assert [len(ups) for _, ups in plan] == [8, 4] and [d for d, _ in plan] == [64, 32]
-    assert lab.Reuse.parse("N=8") == lab.Reuse("staleness", 8) and lab.Reuse("epochs", 4).key == "R=4"
+    assert sim.Reuse.parse("N=8") == sim.Reuse("staleness", 8) and sim.Reuse("epochs", 4).key == "R=4"
     with pytest.raises(ValueError):
-        lab.Reuse.parse("K=2")
+        sim.Reuse.parse("K=2")
 
 
-def test_training_follows_the_schedule_and_fresh_minibatches_are_on_policy(lab):
+def test_training_follows_the_schedule_and_fresh_minibatches_are_on_policy():
     torch.set_num_threads(1)
-    cfg = lab.LabConfig(**{**lab.QUICK, "early_frac": 1.0})  # diagnose every update
-    task = lab.Task(cfg, cfg.seeds)
-    run = lab.train(task, cfg, "ppo", LossParams(), lab.Reuse("staleness", 4))
-    expected = [u.staleness for _, ups in lab.schedule(cfg, lab.Reuse("staleness", 4)) for u in ups]
+    cfg = sim.LabConfig(**{**lab.QUICK, "early_frac": 1.0})  # diagnose every update
+    task = sim.Task(cfg, cfg.seeds)
+    run = sim.train(task, cfg, "ppo", LossParams(), sim.Reuse("staleness", 4))
+    expected = [u.staleness for _, ups in sim.schedule(cfg, sim.Reuse("staleness", 4)) for u in ups]
     assert run["staleness"] == expected == run["diag_staleness"] and run["updates"] == 12
     for s in range(len(cfg.seeds)):
         for k, pos, neg, share in zip(run["diag_staleness"], run["diag"]["pos"][s], run["diag"]["neg"][s],
@@ -86,8 +83,8 @@ def test_training_follows_the_schedule_and_fresh_minibatches_are_on_policy(lab):
     assert len(run["reward"][0]) == cfg.batches + 1  # one evaluation per budget batch
 
 
-def test_prompt_stream_is_a_sequence_of_permutations(lab):
-    take = lab.prompt_stream(3, 8, torch.Generator().manual_seed(0))
+def test_prompt_stream_is_a_sequence_of_permutations():
+    take = sim.prompt_stream(3, 8, torch.Generator().manual_seed(0))
     draws = torch.cat([take(5), take(11), take(8)], dim=1)  # 24 = 3 blocks of 8
     for s in range(3):
         for block in draws[s].view(3, 8):
@@ -97,7 +94,7 @@ def test_prompt_stream_is_a_sequence_of_permutations(lab):
 # -- the lab's result ------------------------------------------------------------------------------------------------
 
 
-def test_json_schema_per_kernel_and_setting(lab, result):
+def test_json_schema_per_kernel_and_setting(result):
     assert set(result["kernels"]) == set(lab.KERNELS)
     assert result["config"]["settings"] == ["R=1", "R=4", "N=1", "N=4"]
     results = result["regimes"]["moderate"]["results"]
@@ -123,7 +120,7 @@ def test_json_schema_per_kernel_and_setting(lab, result):
 
 
 @pytest.mark.parametrize("key", ["R=1", "N=1"])
-def test_on_policy_every_kernel_is_the_plain_policy_gradient(lab, result, key):
+def test_on_policy_every_kernel_is_the_plain_policy_gradient(result, key):
     results = result["regimes"]["moderate"]["results"]
     reference = torch.tensor(results["ppo_clip"][key]["curves"]["reward"])
     for label in lab.KERNELS:
@@ -170,7 +167,7 @@ def test_same_batch_counterfactual_agrees_with_the_run_it_is_computed_on(result)
         assert cf["share"]["per_seed"] == pytest.approx(own["share"]["per_seed"], abs=1e-6), label
 
 
-def test_step_metrics_are_the_paper_diagnostic_of_the_closed_form(lab):
+def test_step_metrics_are_the_paper_diagnostic_of_the_closed_form():
     # one seed, 6 responses with known sequence log-weights (uniform per token), advantages of both signs
     log_w = torch.tensor([-3.0, -1.5, -0.5, 0.7, -2.0, 1.0], dtype=torch.float64)
     lengths = torch.tensor([4, 6, 3, 5, 2, 6])
@@ -178,7 +175,7 @@ def test_step_metrics_are_the_paper_diagnostic_of_the_closed_form(lab):
     mask = (torch.arange(T) < lengths.unsqueeze(-1)).float()
     log_ratio = (log_w / lengths).unsqueeze(-1).float() * mask
     adv = torch.tensor([1.0, 0.5, 2.0, 1.0, -1.0, -0.5])
-    (row,) = lab.step_metrics(log_ratio.unsqueeze(0), adv.unsqueeze(0), mask.unsqueeze(0), LossParams(), "respo")
+    (row,) = sim.step_metrics(log_ratio.unsqueeze(0), adv.unsqueeze(0), mask.unsqueeze(0), LossParams(), "respo")
     w = torch.exp(log_ratio.double().sum(-1))
     phi = phi_pos(w)[:4]
     low = torch.tensor([True, True, False, False])
@@ -220,7 +217,7 @@ def test_phi_curves_match_the_closed_forms(result):
 # -- the ablation's normalised ReSPO (lab-only since the library dropped respo_norm) -----------------------------------
 
 
-def test_normalised_respo_divides_the_clamped_log_weight(lab):
+def test_normalised_respo_divides_the_clamped_log_weight():
     """Catches: the moved mean/sqrt divisors drifting from the removed library option (l clamped, divided, clamped)."""
     log_ratio = torch.tensor([[0.1, -0.3, 0.2, 0.0], [1.0, 1.0, 0.0, 0.0], [-15.0, -15.0, -15.0, -15.0]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
@@ -233,18 +230,18 @@ def test_normalised_respo_divides_the_clamped_log_weight(lab):
         gradient_coefficients("respo_mean", log_ratio, adv, mask, LossParams(), sampler_ratio=torch.ones(3, 4))
 
 
-def test_ess_normalisation_keeps_effective_sample_size_at_the_floor(lab):
+def test_ess_normalisation_keeps_effective_sample_size_at_the_floor():
     gen = torch.Generator().manual_seed(7)
     for sigma in (2.0, 4.0, 6.0):
         l = torch.randn(20_000, generator=gen, dtype=torch.float64) * sigma
-        log_w = l / lab.log_weight_divisor(l, torch.ones_like(l), "ess")
-        assert kish_ess(l.clamp(-20, 20)).item() < lab.ESS_RHO_MIN  # raw weights are degenerate...
-        assert kish_ess(log_w).item() == pytest.approx(lab.ESS_RHO_MIN, abs=0.03)  # ...normalised ones at the floor
-    assert (lab.log_weight_divisor(torch.tensor([0.1, -0.1]), torch.ones(2), "ess") == 1).all()  # never sharpens
+        log_w = l / sim.log_weight_divisor(l, torch.ones_like(l), "ess")
+        assert kish_ess(l.clamp(-20, 20)).item() < sim.ESS_RHO_MIN  # raw weights are degenerate...
+        assert kish_ess(log_w).item() == pytest.approx(sim.ESS_RHO_MIN, abs=0.03)  # ...normalised ones at the floor
+    assert (sim.log_weight_divisor(torch.tensor([0.1, -0.1]), torch.ones(2), "ess") == 1).all()  # never sharpens
 
 
 @pytest.mark.parametrize("norm", ["mean", "sqrt", "ess"])
-def test_normalised_respo_is_finite_and_on_policy_one(lab, norm):
+def test_normalised_respo_is_finite_and_on_policy_one(norm):
     log_ratio = torch.tensor([[1e4, -1e4, 0.0], [-1e4, -1e4, -1e4], [1e4, 1e4, 1e4], [0.5, float("nan"), 0.1]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 1], [0, 0, 0], [1, 0, 1]])
     params = LossParams(respo_trust_mask=True)
@@ -255,17 +252,17 @@ def test_normalised_respo_is_finite_and_on_policy_one(lab, norm):
     torch.testing.assert_close(on_policy, torch.ones(4, 5))
 
 
-def test_ess_normalisation_runs_per_seed(lab):
+def test_ess_normalisation_runs_per_seed():
     """The seeds are stacked in one batch: the ess scale must come from each seed's own batch."""
-    assert lab.seed_slices("respo_ess", 3) == [slice(0, 1), slice(1, 2), slice(2, 3)]
-    assert lab.seed_slices("respo_mean", 3) == [slice(0, 3)]
-    cfg = lab.LabConfig(**{**lab.QUICK, "batches": 2})
-    task = lab.Task(cfg, cfg.seeds)
-    run = lab.train(task, cfg, "respo_ess", LossParams(), lab.Reuse("epochs", 2))
+    assert sim.seed_slices("respo_ess", 3) == [slice(0, 1), slice(1, 2), slice(2, 3)]
+    assert sim.seed_slices("respo_mean", 3) == [slice(0, 3)]
+    cfg = sim.LabConfig(**{**lab.QUICK, "batches": 2})
+    task = sim.Task(cfg, cfg.seeds)
+    run = sim.train(task, cfg, "respo_ess", LossParams(), sim.Reuse("epochs", 2))
     assert all(run["finite"]) and all(math.isfinite(v) for v in run["early"]["pos"])
 
 
-def test_cli_writes_json_and_figures(lab, tmp_path):
+def test_cli_writes_json_and_figures(tmp_path):
     lab.main(["--quick", "--kernels", "ppo_clip", "respo", "respo_mean", "--reuse", "1", "2", "--staleness", "2",
               "--params", "epsilon_high=0.28", "respo_trust_mask=true", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "starvation_lab.json").read_text())
@@ -273,6 +270,6 @@ def test_cli_writes_json_and_figures(lab, tmp_path):
     assert data["kernels"]["respo"]["overrides"] == {"respo_trust_mask": False}  # the label's own override wins
     assert data["config"]["settings"] == ["R=1", "R=2", "N=2"]
     assert set(data["regimes"]["moderate"]["results"]) == {"ppo_clip", "respo", "respo_mean"}
-    assert data["command"].startswith("python benchmarks/starvation_lab.py --quick")
+    assert data["command"].startswith("python -m benchmarks.starvation_lab --quick")
     for name in ("reward_curves.png", "throughput.png", "phi_by_sign.png", "positive_branch.png"):
         assert (tmp_path / name).stat().st_size > 10_000

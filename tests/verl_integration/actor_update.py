@@ -37,6 +37,7 @@ os.environ.setdefault("MASTER_PORT", "29531")
 
 import torch  # noqa: E402
 
+# run by path in a fresh process: main() imports _cpu_platform from this folder, which -P/PYTHONSAFEPATH would drop
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 LR = 0.1

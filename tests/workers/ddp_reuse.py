@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+# torchrun runs this file by path, so tests/ (conftest's CPU_ARGS) is not on its path; respo_trl is on PYTHONPATH
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from datasets import Dataset  # noqa: E402
