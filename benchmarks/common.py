@@ -1,0 +1,235 @@
+"""What the benchmarks share: the machine record saved with their numbers, the worker and recipe set-up of the LM
+benchmarks, and the statistics of a run's logged history.
+
+Not a benchmark (it has no command line): the benchmarks import it, ``from benchmarks.common import machine_info``,
+and run as modules from the repository root, ``python -m benchmarks.<name>``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import statistics
+import sys
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The machine: timings mean little without the machine, threads and load
+# ---------------------------------------------------------------------------------------------------------------------
+
+# The trainer settings every CPU benchmark run shares: no GPU, fp32, no checkpointing, no loggers, saves or progress bars.
+QUIET_CPU_TRAINING = dict(
+    use_cpu=True, bf16=False, activation_checkpointing=False, report_to="none", save_strategy="no", disable_tqdm=True
+)
+
+
+def cpu_name() -> str:
+    """The CPU model (``/proc/cpuinfo``'s first ``model name``), or what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def machine_info(device: str = "cpu") -> dict:
+    """Device, CPU, core count, load average (a busy machine stretches every timing), torch and its thread count."""
+    import torch
+
+    info = {
+        "device": device,
+        "device_name": torch.cuda.get_device_name() if device == "cuda" else cpu_name(),
+        "processor": cpu_name(),
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+    }
+    return info
+
+
+def command(name: str, argv: list[str]) -> str:
+    """The command line that reproduces a run of benchmark ``name``, as the docs write it (saved with its numbers)."""
+    return f"python -m benchmarks.{name} " + " ".join(argv)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The LM benchmarks' runs: worker processes, the arms' loss arguments, the shared warm start
+# ---------------------------------------------------------------------------------------------------------------------
+
+# The arms' loss settings: gspo is TRL's grpo loss with a sequence-level ratio and the clip range of the GSPO paper,
+# as TRL documents it (the paper presets' --algorithm gspo does the same).
+LOSS_ARGS = {
+    "dapo": ["--loss_type", "dapo"],
+    "gspo": ["--loss_type", "grpo", "--importance_sampling_level", "sequence", "--epsilon", "3e-4", "--epsilon_high", "4e-4"],
+    "vespo": ["--loss_type", "vespo"],
+    "respo": ["--loss_type", "respo"],
+    # the paper's kernel without the directional token trust mask under epochs (what 0.2's default turns on)
+    "respo_nomask": ["--loss_type", "respo", "--respo_trust_mask", "none"],
+    # the directional token trust mask forced on when each sample is used once (the default turns it on for epochs only)
+    "respo_mask": ["--loss_type", "respo", "--respo_trust_mask", "directional"],
+    # MoE Routing Replay (R3): the sampler's expert routing replayed in the loss forward
+    "respo_r3": ["--loss_type", "respo", "--respo_routing_replay", "true"],
+    # beta_pos = 0 makes phi+ = 1: no correction at all on positives (the lab's ablation found it at least as good)
+    "respo_pos1": ["--loss_type", "respo", "--respo_beta_pos", "0"],
+}
+
+
+def init_worker():
+    """A benchmark worker process: one torch thread, offline."""
+    os.environ.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    import torch
+
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+
+
+def warm_start(model_kind: str, seed: int, extra: list[str], path: str) -> str:
+    """Build the tiny model, imitate the task's teacher as the recipe does, save it where the arms load it from."""
+    from transformers import set_seed
+
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    from respo_trl import recipe
+
+    script_args, _, _ = recipe.parse_args(["--tiny_model", model_kind, "--seed", str(seed), *extra])
+    set_seed(seed)
+    model, tokenizer = recipe.build_tiny(script_args, seed=seed)
+    train, _ = recipe.build_datasets(script_args)
+    recipe.warm_start(model, tokenizer, train, script_args, seed=seed)
+    tmp = path + ".tmp"
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    os.replace(tmp, path)  # a crash never leaves a half-written warm start behind
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Statistics of runs
+# ---------------------------------------------------------------------------------------------------------------------
+
+# Per-step metrics kept in a run's record (regime, regime_mechanism, smollm2_staleness).
+HISTORY_KEYS = (
+    "reward", "grad_norm", "entropy", "reuse/staleness_mean", "reuse/generated_tokens", "offpolicy/kl",
+    "offpolicy/log_weight/mean", "offpolicy/log_weight/std", "starvation/pos_length_mean",
+    "starvation/grad_throughput/pos", "starvation/grad_throughput/neg", "clip_ratio/region_mean",
+    "completions/mean_length", "learning_rate",
+    *(f"starvation/low_weight_pos/{k}" for k in ("n", "n_low", "mass", "mass_low", "respo_mass", "respo_mass_low",
+                                                  "vespo_mass", "vespo_mass_low")),
+)  # fmt: skip
+
+
+def spread(values: list[float]) -> dict:
+    values = [v for v in values if v is not None]
+    if not values:
+        return {"mean": None, "std": None, "min": None, "max": None, "n": 0}
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+def pos_length_growth(run: dict) -> float | None:
+    """The paper's length signature: mean length of positive responses over the last quarter of the updates divided
+    by the first quarter's, minus 1 (the paper: +43% under ReSPO, +10% under VESPO)."""
+    lengths = [h.get("starvation/pos_length_mean") for h in run.get("history", [])]
+    lengths = [v for v in lengths if v is not None]
+    quarter = len(lengths) // 4
+    if quarter == 0:
+        return None
+    return statistics.fmean(lengths[-quarter:]) / statistics.fmean(lengths[:quarter]) - 1
+
+
+def pooled_positive_branch(rows: list[dict]) -> dict:
+    """The positive-branch diagnostic pooled over ``rows`` (logged steps): sums, then ratios (diagnostics.py)."""
+    from respo_trl.diagnostics import LOW_WEIGHT_SUMS, pooled_low_weight
+
+    sums = {k: sum(r.get(f"starvation/low_weight_pos/{k}", 0.0) or 0.0 for r in rows) for k in LOW_WEIGHT_SUMS}
+    return {**pooled_low_weight(sums), "n": sums["n"], "n_low": sums["n_low"]}
+
+
+def late_mean(run: dict) -> float | None:
+    """The paper's late-mean training score: mean training reward of the rollout batches sampled in the second half
+    of the updates (each batch counts once; under N = 1 every update is a batch of M x G)."""
+    rewards = [h["reward"] for h in run["history"] if "reward" in h and h["step"] > run["updates"] // 2]
+    return statistics.fmean(rewards) if rewards else None
+
+
+def steady_rows(run: dict) -> list[dict]:
+    """The logged updates of every reuse cycle but the first: the first holds the lr = 0 step and the warm-up (12
+    updates), so movement measured there is not the run's movement at its learning rate."""
+    return [h for h in run["history"] if h["step"] > run["N"]]
+
+
+def kl_by_staleness(run: dict) -> dict[int, float]:
+    """Mean ``offpolicy/kl`` (per token, k3, against the policy that sampled the batch) by staleness position ``k``,
+    over :func:`steady_rows`: how far the policy has moved ``k`` updates into a cycle. Empty under N = 1."""
+    by_k: dict[int, list[float]] = {}
+    for h in steady_rows(run):
+        if h.get("offpolicy/kl") is not None:
+            by_k.setdefault(int(round(h.get("reuse/staleness_mean", 0))), []).append(h["offpolicy/kl"])
+    return {k: statistics.fmean(v) for k, v in sorted(by_k.items()) if k > 0}
+
+
+def per_update_kl(run: dict) -> dict:
+    """Policy movement, per token (k3 ``offpolicy/kl``) and per response (times the run's mean completion length):
+    ``per_token`` after one update (staleness 1), ``cycle`` over a cycle's last quarter (staleness 24-31 at N = 32),
+    both over :func:`steady_rows`. Only ``cycle`` is measured where kernels differ: at staleness 1 every kernel's
+    weight is 1, so the one-step figure says nothing about how a kernel moves the policy on stale rollouts. None under
+    N = 1 (nothing is stale)."""
+    kl = kl_by_staleness(run)
+    last = [kl[k] for k in kl if k >= run["N"] - max(1, run["N"] // 4)]
+    # TRL logs the completion length on sampling steps only: the run's mean completion length
+    lengths = [h["completions/mean_length"] for h in run["history"] if "completions/mean_length" in h]
+    length = statistics.fmean(lengths) if lengths else None
+    per_token, cycle = kl.get(1), statistics.fmean(last) if last else None
+    return {"per_token": per_token, "per_response": None if per_token is None or length is None else per_token * length,
+            "cycle": cycle, "cycle_per_response": None if cycle is None or length is None else cycle * length}  # fmt: skip
+
+
+def pos_neg_weight_ratio(run: dict) -> float | None:
+    """Mean coefficient per token on positives over negatives on mini-batches at least N / 2 updates stale (steady
+    cycles): how a kernel weighs stale correct answers against stale wrong ones (1 for clipped PPO on average)."""
+    rows = [h for h in steady_rows(run) if h.get("reuse/staleness_mean", 0) >= run["N"] / 2]
+    pos = [h["starvation/grad_throughput/pos"] for h in rows if h.get("starvation/grad_throughput/pos") is not None]
+    neg = [h["starvation/grad_throughput/neg"] for h in rows if h.get("starvation/grad_throughput/neg") is not None]
+    return statistics.fmean(pos) / statistics.fmean(neg) if pos and neg and statistics.fmean(neg) > 0 else None
+
+
+# Two-sided 95% Student t quantiles t_{0.975, df} (standard tables); beyond df 30 the Cornish-Fisher expansion.
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_quantile(df: int) -> float:
+    """``t_{0.975, df}``: the half-width factor of a two-sided 95% interval (scipy is not a dependency)."""
+    if df < 1:
+        return math.inf
+    if df <= len(T_975):
+        return T_975[df - 1]
+    z = statistics.NormalDist().inv_cdf(0.975)
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def paired(a: dict[int, float], b: dict[int, float]) -> dict:
+    """Paired differences ``a - b`` (points) over the seeds both have: per seed, mean, sd and the t interval."""
+    seeds = sorted(set(a) & set(b))
+    diffs = {s: 100 * (a[s] - b[s]) for s in seeds}
+    values = list(diffs.values())
+    out = {"seeds": seeds, "per_seed": diffs, "mean": None, "sd": None, "ci": None}
+    if not values:
+        return out
+    out["mean"] = statistics.fmean(values)
+    if len(values) > 1:
+        sd = statistics.stdev(values)
+        half = t_quantile(len(values) - 1) * sd / math.sqrt(len(values))
+        out.update(sd=sd, ci=[out["mean"] - half, out["mean"] + half])
+    return out
