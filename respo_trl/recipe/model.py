@@ -103,7 +103,7 @@ def build_tiny(script_args: RecipeArguments, seed: int):
 
 def warm_start(model, tokenizer, train_dataset, script_args: RecipeArguments, seed: int, on_step=None) -> list[float]:
     """Supervised warm start on the dataset's reference completions (the tiny preset imitates an imperfect teacher);
-    returns the losses. Shared with benchmarks/reuse_lm.py, which warm-starts once per seed for all its arms."""
+    returns the losses. Shared with the benchmarks (benchmarks/common.py), which warm-start once per seed for all arms."""
     from .warmstart import supervised_warm_start
 
     return supervised_warm_start(
