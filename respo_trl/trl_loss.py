@@ -159,8 +159,11 @@ class ReSPOLoss:
             torch.cat([inputs["prompt_mask"], completion_mask], dim=1), completion_ids.size(1), compute_entropy=True,
             compute_aux_loss=self.aux_loss_enabled, **{key: inputs.get(key) for key in MULTIMODAL_KEYS},
         )  # fmt: skip
-        # a non-finite forward value never reaches the loss (the rows ReSPOTrainer drops carry tool_mask 0 already)
-        per_token_logps = torch.where(torch.isfinite(per_token_logps), per_token_logps, 0.0)
+        # A row outside the loss (ReSPOTrainer drops a row with a non-finite advantage or stored log-prob by zeroing
+        # its tool_mask) and any non-finite value of the forward count as log-prob 0: log-ratio and KL vanish there,
+        # so a large exp(ref - log pi) of a dropped row cannot become inf * 0 = NaN.
+        counted = torch.isfinite(per_token_logps) & mask.bool().any(-1, keepdim=True)
+        per_token_logps = torch.where(counted, per_token_logps, 0.0)
         entropy_mask = None
         if self.top_entropy_quantile < 1.0:
             entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)

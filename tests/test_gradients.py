@@ -363,3 +363,28 @@ def test_the_sampler_gap_alarm_fires_once_on_fresh_rollouts_and_stays_quiet_belo
     assert len(loud) == 1 and "vllm_importance_sampling_correction: false" in loud[0]
     assert "cast_lm_head_to_fp32: true" in loud[0] and "\n" not in loud[0]
     assert step(1.0) == []  # once per run
+
+
+def test_a_dropped_row_with_an_extreme_forward_adds_no_nan_through_the_kl(make_trainer, tokenizer, tiny_model_dir,
+                                                                          monkeypatch):
+    """A row dropped for a NaN reference log-prob (its reference becomes 0) whose current log-probs are very low would
+    give exp(ref - log pi) = inf in the KL term and inf * 0 = NaN in the masked sum; ReSPO's loss counts a row outside
+    the loss mask as log-prob 0. Catches a NaN loss from one bad row."""
+    from trl import GRPOTrainer
+
+    trainer = prepare(make_trainer(model=tiny_model_dir, beta=0.1))
+    inputs = make_batch(tokenizer, seed=6)
+    forward = GRPOTrainer._get_per_token_logps_and_entropies
+
+    def extreme(self, *args, **kwargs):
+        logps, entropies, aux = forward(self, *args, **kwargs)
+        return torch.cat([logps[:2], logps[2:3] - 120.0, logps[3:]]), entropies, aux  # row 2: ~e^-120 per token
+
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", extreme)
+    old = current_logps(trainer, inputs)
+    inputs["old_per_token_logps"] = old.clone()
+    inputs["ref_per_token_logps"] = old.clone()
+    inputs["ref_per_token_logps"][2, 0] = float("nan")
+    loss, grads = loss_and_grads(trainer, inputs)
+    assert math.isfinite(loss.item()) and all(torch.isfinite(g).all() for g in grads.values())
+    assert trainer._metrics["train"]["respo/nonfinite_seqs"][-1] == 1 and math.isfinite(trainer._metrics["train"]["kl"][-1])
