@@ -34,7 +34,8 @@ VERSION_KEY = "rollout_step"  # (B,) int64: optimizer step at which each rollout
 
 
 # Everything that decides which rows a resumed batch serves, and the setting each comes from: a mismatch would serve
-# some rollouts twice and others never, silently (the group order of the first pass and every reshuffle is seeded).
+# some rollouts twice and others never, silently. The last two decide it only when the stored batch is permuted: the
+# group order (every pass, with whole groups) and each reshuffled pass after the first are drawn from the seed.
 RESUME_FIELDS = {
     "reuse": "num_iterations (R)",
     "steps_per_generation": "steps_per_generation (N x gradient_accumulation_steps)",
@@ -43,6 +44,7 @@ RESUME_FIELDS = {
     "seed": "seed",
     "reshuffle": "respo_reshuffle",
 }
+PERMUTATION_FIELDS = ("seed", "reshuffle")
 
 TRAINER_STATE = "trainer_state.json"  # transformers writes it last into a checkpoint: its presence marks completion
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -310,7 +312,11 @@ class RolloutBuffer:
         missing = set(meta["tensor_keys"]) - set(tensors)
         if missing:
             raise ValueError(f"{tensor_path} is corrupt: tensors {sorted(missing)} listed in {meta_path} are missing")
+        groups = self.group_size is not None or meta.get("group_size") is not None
+        permuted = meta["has_batch"] and (groups or (self.reuse > 1 and (self.reshuffle or meta.get("reshuffle"))))
         for name, setting in RESUME_FIELDS.items():
+            if name in PERMUTATION_FIELDS and not permuted:
+                continue  # the rest of the batch is served in its stored order (or nothing of it is left)
             # files before 0.2 had one process; before 0.4 rows were always the unit of the shuffle
             saved = meta.get(name, {"num_processes": 1, "group_size": None}.get(name))
             if saved != getattr(self, name):

@@ -44,6 +44,7 @@ from .kernels import (
     kish_ess,
     sequence_log_weight,
     two_branch_phi,
+    vespo_branch,
     vespo_phi,
 )
 
@@ -67,7 +68,7 @@ def sampler_gap_warning(log_weight_std: float) -> str | None:
     return (
         f"offpolicy/log_weight/std is {log_weight_std:.2f} on fresh rollouts (staleness 0, above {SAMPLER_GAP_STD}): "
         "the vLLM engine's rounding against the trainer's, not policy movement, is moving the sequence weight W of "
-        "responses nobody has trained on yet (docs/benchmarks.md, section 7). Set vllm_importance_sampling_correction: "
+        "responses nobody has trained on yet (docs/benchmarks/real_stack.md). Set vllm_importance_sampling_correction: "
         "false (the paper's runs: W is then 1 on fresh rollouts) and, on a GPU, cast_lm_head_to_fp32: true."
     )
 
@@ -123,8 +124,9 @@ def sequence_stats(
         clip_c = coefficients("ppo", dataclasses.replace(params, importance_sampling_level="token"))
         log_c, kept = fold_sampler_ratio(sampler_ratio, mask)
         log_w = sequence_log_weight(log_ratio, kept, log_c)  # raw log W, the diagnostic's x-axis for every loss
-        phi = two_branch_phi(log_w, adv_seq, params)  # ReSPO's phi (as configured), whatever loss is trained
-        vespo = vespo_phi(log_ratio, adv_seq, kept, params, sampler_ratio).reshape(-1)  # and VESPO's, as TRL has it
+        vespo = vespo_phi(log_ratio, adv_seq, mask, params, sampler_ratio).reshape(-1)  # VESPO's weight, as TRL has it
+        # ReSPO's phi as configured, whatever loss is trained: a branch set to VESPO's kernel is VESPO's own weight
+        phi = torch.where(vespo_branch(adv_seq, params), vespo, two_branch_phi(log_w, adv_seq, params))
         kept_f = kept.float()
         rho = torch.where(kept, log_ratio, 0.0)
         kl = ((torch.expm1(rho) - rho) * kept_f).sum(-1)  # k3: r - 1 - log r >= 0, unbiased for KL(pi_old || pi)

@@ -186,6 +186,12 @@ def gamma_kernel(log_w: Tensor, advantages: Tensor, k_pos: float, lam_pos: float
         return torch.exp(lam + k * s - lam * torch.exp(s)).nan_to_num(0.0, posinf=0.0, neginf=0.0)
 
 
+def vespo_branch(advantages: Tensor, params: "LossParams") -> Tensor:
+    """Where the branch of each advantage's sign (``A >= 0``: positive) is set to VESPO's kernel (boolean)."""
+    positive = advantages.detach() >= 0
+    return torch.where(positive, params.respo_pos_branch == "vespo", params.respo_neg_branch == "vespo")
+
+
 def two_branch_phi(log_w: Tensor, advantages: Tensor, params: "LossParams") -> Tensor:
     """``phi_{sign A}(W)`` with each branch the kind ``params.respo_{pos,neg}_branch`` names (detached).
 
@@ -200,9 +206,7 @@ def two_branch_phi(log_w: Tensor, advantages: Tensor, params: "LossParams") -> T
     with torch.no_grad():
         gamma = gamma_kernel(log_w.clamp(-LOG_W_CLAMP, LOG_W_CLAMP), advantages, params.vespo_k_pos,
                              params.vespo_lambda_pos, params.vespo_k_neg, params.vespo_lambda_neg)  # fmt: skip
-        positive = advantages.detach().to(phi.device) >= 0
-        use_gamma = torch.where(positive, kinds[0] == "vespo", kinds[1] == "vespo")
-        return torch.where(use_gamma, gamma.to(phi.dtype), phi)
+        return torch.where(vespo_branch(advantages.to(phi.device), params), gamma.to(phi.dtype), phi)
 
 
 def directional_trust_mask(
@@ -379,14 +383,14 @@ def sapo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None):
 def vespo_phi(log_ratio, advantages, mask, params: LossParams, sampler_ratio: Tensor | None = None) -> Tensor:
     """VESPO's sequence weight as in TRL 1.16 (``get_gamma_weights``): raw product ratio, token log-ratios clamped to
     +-20, the log of the sampler ratio floored at ``log 1e-8`` and summed over *all* positions, then ``log W`` clamped
-    to ``[log 1e-8, 20]``. Shape (B, 1)."""
+    to ``[log 1e-8, 20]``. Shape (B, 1), or (B, T) for per-token advantages."""
     with torch.no_grad():
         m = mask.to(torch.float32)
         l = (log_ratio.detach().float().clamp(-LOG_W_CLAMP, LOG_W_CLAMP) * m).sum(-1, keepdim=True)
         if sampler_ratio is not None:
             l = l + torch.log(sampler_ratio.float()).clamp(math.log(1e-8), LOG_W_CLAMP).sum(-1, keepdim=True)
         log_w = l.clamp(math.log(1e-8), LOG_W_CLAMP)
-        a = _column(advantages)[:, :1]
+        a = _column(advantages)  # (B, T) advantages: each token's sign picks its constants, as TRL's torch.where
         return gamma_kernel(
             log_w, a, params.vespo_k_pos, params.vespo_lambda_pos, params.vespo_k_neg, params.vespo_lambda_neg
         )
@@ -426,11 +430,9 @@ def respo_coefficients(
         log_w_t = log_w.unsqueeze(-1).expand(-1, a.shape[-1])
         phi = two_branch_phi(log_w_t, a.float(), params)  # (B, 1) or (B, T)
         coef = phi * kept.float()
-        kinds = (params.respo_pos_branch, params.respo_neg_branch)
-        if "vespo" in kinds:
+        if "vespo" in (params.respo_pos_branch, params.respo_neg_branch):
             gamma = vespo_phi(log_ratio, a, mask, params, sampler_ratio) * mask.float()
-            use_gamma = torch.where(a >= 0, kinds[0] == "vespo", kinds[1] == "vespo")
-            coef = torch.where(use_gamma, gamma.to(coef.dtype), coef)
+            coef = torch.where(vespo_branch(a, params), gamma.to(coef.dtype), coef)
         if params.respo_trust_mask:
             coef = coef * directional_trust_mask(log_ratio, advantages, kept, *params.trust_bounds())
         return coef

@@ -221,7 +221,11 @@ class ReSPOTrainer(RoutingReplayMixin, ReSPOLoss, GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         inputs = self._drop_nonfinite(inputs)
-        loss = super()._compute_loss(model, inputs)  # Routing Replay, then ReSPO's loss or TRL's (trl_loss.py)
+        self.rows_out_of_loss = self._nonfinite_rows  # the loss forward counts them (and non-finite values) as 0
+        try:
+            loss = super()._compute_loss(model, inputs)  # Routing Replay, then ReSPO's loss or TRL's (trl_loss.py)
+        finally:
+            self.rows_out_of_loss = None
         self._log_step_metrics(inputs)
         return loss
 

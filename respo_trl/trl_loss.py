@@ -49,7 +49,7 @@ TRL_HELPERS = {
 }  # fmt: skip
 # GRPOTrainer state the loss reads (set in TRL's __init__), checked once a trainer is built.
 TRL_STATE = (
-    "loss_type", "beta", "top_entropy_quantile", "off_policy_mask_threshold", "importance_sampling_level",
+    "loss_type", "beta", "router_aux_loss_coef", "top_entropy_quantile", "off_policy_mask_threshold", "importance_sampling_level",
     "aux_loss_enabled", "_entropy_bonus_enabled", "use_adaptive_entropy", "entropy_coef", "_last_world_entropy",
     "_entropy_window_stats",
 )  # fmt: skip
@@ -106,6 +106,10 @@ class ReSPOLoss:
     """
 
     last_forward: tuple[torch.Tensor, torch.Tensor | None] | None = None  # (log-probs, entropies) of the last forward
+    # Set by the trainer for one loss call: rows (B,) whose log-probs the loss forward counts as 0, with any non-finite
+    # value (the rows it dropped for a non-finite advantage or stored log-prob; TRL's loss still multiplies their terms
+    # by 0, and a dropped row whose forward underflowed would turn exp(ref - log pi) or A * log pi into inf * 0 = NaN).
+    rows_out_of_loss: torch.Tensor | None = None
 
     def _get_per_token_logps_and_entropies(
         self,
@@ -134,6 +138,9 @@ class ReSPOLoss:
             num_tiles=num_tiles, image_sizes=image_sizes, token_type_ids=token_type_ids,
             mm_token_type_ids=mm_token_type_ids, image_position_ids=image_position_ids,
         )  # fmt: skip
+        dropped = self.rows_out_of_loss
+        if dropped is not None and dropped.shape[0] == logps.shape[0]:  # the loss forward of a batch with dropped rows
+            logps = torch.where(~torch.isfinite(logps) | dropped.unsqueeze(-1).to(logps.device), 0.0, logps)
         self.last_forward = (logps.detach(), None if entropies is None else entropies.detach())
         return logps, entropies, aux_loss
 
@@ -159,11 +166,7 @@ class ReSPOLoss:
             torch.cat([inputs["prompt_mask"], completion_mask], dim=1), completion_ids.size(1), compute_entropy=True,
             compute_aux_loss=self.aux_loss_enabled, **{key: inputs.get(key) for key in MULTIMODAL_KEYS},
         )  # fmt: skip
-        # A row outside the loss (ReSPOTrainer drops a row with a non-finite advantage or stored log-prob by zeroing
-        # its tool_mask) and any non-finite value of the forward count as log-prob 0: log-ratio and KL vanish there,
-        # so a large exp(ref - log pi) of a dropped row cannot become inf * 0 = NaN.
-        counted = torch.isfinite(per_token_logps) & mask.bool().any(-1, keepdim=True)
-        per_token_logps = torch.where(counted, per_token_logps, 0.0)
+        per_token_logps = torch.where(torch.isfinite(per_token_logps), per_token_logps, 0.0)  # never a NaN loss
         entropy_mask = None
         if self.top_entropy_quantile < 1.0:
             entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)

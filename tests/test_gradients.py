@@ -365,14 +365,15 @@ def test_the_sampler_gap_alarm_fires_once_on_fresh_rollouts_and_stays_quiet_belo
     assert step(1.0) == []  # once per run
 
 
+@pytest.mark.parametrize("loss_type", ["respo", "dapo", "vespo"])
 def test_a_dropped_row_with_an_extreme_forward_adds_no_nan_through_the_kl(make_trainer, tokenizer, tiny_model_dir,
-                                                                          monkeypatch):
+                                                                          monkeypatch, loss_type):
     """A row dropped for a NaN reference log-prob (its reference becomes 0) whose current log-probs are very low would
-    give exp(ref - log pi) = inf in the KL term and inf * 0 = NaN in the masked sum; ReSPO's loss counts a row outside
-    the loss mask as log-prob 0. Catches a NaN loss from one bad row."""
+    give exp(ref - log pi) = inf in the KL term and inf * 0 = NaN in the masked sum; the loss forward counts a dropped
+    row as log-prob 0, for every loss type (as 0.4 did). Catches a NaN loss from one bad row."""
     from trl import GRPOTrainer
 
-    trainer = prepare(make_trainer(model=tiny_model_dir, beta=0.1))
+    trainer = prepare(make_trainer(model=tiny_model_dir, beta=0.1, loss_type=loss_type))
     inputs = make_batch(tokenizer, seed=6)
     forward = GRPOTrainer._get_per_token_logps_and_entropies
 
@@ -388,3 +389,25 @@ def test_a_dropped_row_with_an_extreme_forward_adds_no_nan_through_the_kl(make_t
     loss, grads = loss_and_grads(trainer, inputs)
     assert math.isfinite(loss.item()) and all(torch.isfinite(g).all() for g in grads.values())
     assert trainer._metrics["train"]["respo/nonfinite_seqs"][-1] == 1 and math.isfinite(trainer._metrics["train"]["kl"][-1])
+
+
+def test_vespo_branches_with_per_token_advantages_follow_each_tokens_sign(make_trainer, tokenizer):
+    """TRL picks VESPO's constants per token (``torch.where(advantages >= 0, ...)``): with (B, T) advantages whose sign
+    changes inside a sequence, ReSPO with both branches VESPO's trains as ``trl.GRPOTrainer(loss_type="vespo")``.
+    Catches constants taken from the first token's sign."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    from respo_trl.demo.tiny import tiny_qwen3
+
+    model = tiny_qwen3(tokenizer)
+    both = prepare(make_trainer(model=model, respo_pos_branch="vespo", respo_neg_branch="vespo"))
+    vespo = prepare(make_trainer(model=copy.deepcopy(model), loss_type="vespo", config_cls=GRPOConfig,
+                                 trainer_cls=GRPOTrainer))  # fmt: skip
+    inputs = make_batch(tokenizer, seed=8)
+    gen = torch.Generator().manual_seed(3)
+    inputs["old_per_token_logps"] = current_logps(both, inputs) + 0.3 * torch.randn(8, 7, generator=gen)
+    inputs["advantages"] = torch.randn(8, 7, generator=gen)  # mixed signs within a sequence
+    loss_b, grads_b = loss_and_grads(both, inputs)
+    loss_v, grads_v = loss_and_grads(vespo, inputs)
+    assert loss_b.item() == pytest.approx(loss_v.item(), rel=1e-5)
+    assert_same_grads(grads_b, grads_v)

@@ -315,6 +315,13 @@ def test_resume_with_another_seed_or_shuffle_is_refused_naming_the_field(make_tr
     buffer.save(str(tmp_path / "shuffle"), rank=0)
     with pytest.raises(ValueError, match="reshuffle=True but this run has reshuffle=False; resume with respo_reshuffle"):
         RolloutBuffer(reuse=2, steps_per_generation=2, reshuffle=False).load(str(tmp_path / "shuffle"), rank=0)
+    # where neither decides anything, another seed resumes: no stored batch left, or one pass in its stored order
+    buffer.save(str(tmp_path / "empty"), rank=0, include_batch=False)
+    RolloutBuffer(reuse=2, steps_per_generation=2, reshuffle=True, seed=7).load(str(tmp_path / "empty"), rank=0)
+    once = RolloutBuffer(reuse=1, steps_per_generation=2, reshuffle=False)
+    once.store(toy_batch(), version=0)
+    once.save(str(tmp_path / "once"), rank=0)
+    RolloutBuffer(reuse=1, steps_per_generation=2, reshuffle=False, seed=7).load(str(tmp_path / "once"), rank=0)
 
 
 def test_buffer_saved_by_another_number_of_processes_is_refused(tmp_path):
