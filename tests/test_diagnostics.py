@@ -201,3 +201,22 @@ def test_a_partly_clipped_positive_is_starved_by_its_mean_coefficient():
     c = K.gradient_coefficients("ppo", log_ratio, torch.tensor([1.0, 1.0]), mask, K.LossParams()) * mask
     assert c[0].sum() / 3 < 0.1 < c[1, 0]  # r = e^-1.9 = 0.15 on the one unclipped token of each row
     assert m["starvation/clip_starved_frac/pos"] == 0.5 and m["starvation/starved_frac/pos"] == 0.5
+
+
+def test_an_ablation_arms_logged_phi_is_the_coefficient_its_loss_applies_under_token_mask():
+    """With VESPO's negative branch and vLLM's token_mask correction, the loss gives a sequence with a masked token
+    VESPO's weight (the masked ratio floored at 1e-8: ~0); the logged phi must say so, not ReSPO's log W over the kept
+    tokens (which would read ~1). Catches a diagnostic that describes another kernel than the one trained."""
+    from respo_trl.diagnostics import COLUMNS
+
+    params = K.LossParams(respo_neg_branch="vespo")
+    log_ratio = torch.zeros(2, 4)
+    advantages = torch.tensor([-1.0, -1.0])
+    mask = torch.ones(2, 4)
+    ratio = torch.ones(2, 4)
+    ratio[0, 1] = 0.0  # row 0: one token masked by the sampler correction
+    table = sequence_stats(log_ratio, advantages, mask, params, "respo", sampler_ratio=ratio)
+    col = {name: table[:, i] for i, name in enumerate(COLUMNS)}
+    applied = col["mass"] / col["length"]  # the loss's mean coefficient per token
+    assert col["phi"][0] < 1e-6 and col["phi"][0] == pytest.approx(col["vespo_phi"][0])
+    assert applied[0] < 1e-6 and col["phi"][1] == pytest.approx(1.0) and applied[1] == pytest.approx(1.0)
