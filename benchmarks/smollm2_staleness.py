@@ -391,16 +391,25 @@ def run_all(args, specs: list[dict], runs_dir: Path) -> dict[str, dict]:
     print(f"{len(specs)} runs, {len(specs) - len(todo)} done, {len(todo)} to run; {args.workers} workers", flush=True)
     start = time.time()
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"), initializer=_init_worker) as pool:
-        pending = {}
-        for spec in todo:
-            pending[pool.submit(run_one, spec)] = spec["name"]
-        for spec in todo[: args.workers]:
-            print(f"  started {spec['name']}: progress in {Path(args.work, 'logs', spec['name'] + '.log')}", flush=True)
-        for finished, future in enumerate(as_completed(pending), 1):
+        queue, pending, finished = list(todo), {}, 0
+
+        def submit_next():  # one run per free worker, in the specs' order: a run is 45-60 min of silence otherwise
+            while queue and len(pending) < args.workers:
+                spec = queue.pop(0)
+                pending[pool.submit(run_one, spec)] = spec["name"]
+                print(f"  started {spec['name']}: progress in {Path(args.work, 'logs', spec['name'] + '.log')}",
+                      flush=True)  # fmt: skip
+
+        submit_next()
+        while pending:
+            future = next(as_completed(pending))
+            del pending[future]
             record = future.result()
             done[record["name"]] = record
+            finished += 1
             print(f"  [{finished}/{len(todo)}] {record['name']}: {one_line(record)} ({time.time() - start:.0f} s)",
                   flush=True)  # fmt: skip
+            submit_next()
     return done
 
 
