@@ -474,11 +474,42 @@ def gate_reading(specs: list[dict], runs: dict[str, dict], base_accuracy: float)
             "chosen": chosen, "passed": chosen is not None}  # fmt: skip
 
 
+def plot_gate(reading: dict, path: Path) -> Path:
+    """The gate at a glance: the share of correct (and of all) base-policy completions below log W = -1 against the
+    updates since sampling, per learning rate, the band shaded; and each lr's on-policy gain against the bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [2, 1]})
+    left.axhspan(100 * GATE_BAND[0], 100 * GATE_BAND[1], color="tab:green", alpha=0.12, label="the gate's band")
+    lrs = sorted({s["lr"] for s in reading["settings"]})
+    for color, lr in zip(("tab:blue", "tab:red", "tab:purple"), lrs):
+        rows = sorted((s for s in reading["settings"] if s["lr"] == lr), key=lambda s: s["N"])
+        ks = [s["N"] - 1 for s in rows]
+        left.plot(ks, [100 * (s["share_pos"] or 0) for s in rows], "o-", color=color, label=f"correct, lr {lr:g}")
+        left.plot(ks, [100 * s["share_all"] for s in rows], "s--", color=color, alpha=0.5, label=f"all, lr {lr:g}")
+    left.set(xlabel="dapo updates since the base policy sampled (k = N - 1)", ylabel="% with log W < -1",
+             title="staleness probe (validation)", xticks=[s["N"] - 1 for s in reading["settings"]])  # fmt: skip
+    left.legend(fontsize=8)
+    gains = {s["lr"]: s["onpolicy_gain"] for s in reading["settings"]}
+    right.bar([f"{lr:g}" for lr in lrs], [100 * gains[lr] for lr in lrs], color="tab:gray")
+    right.axhline(100 * MIN_GAIN, color="k", ls=":", label="the gate's bar")
+    right.set(xlabel="learning rate", ylabel="validation accuracy gain (points)", title="on-policy run learns?")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_gate(args, specs: list[dict]) -> dict:
     runs = load_runs(Path(args.out, "gate"))
     template = chosen_template(args)
     reading = gate_reading(specs, runs, base_validation(args, template)["accuracy"])
     Path(args.out, "gate.json").write_text(json.dumps(reading, indent=1))
+    plot_gate(reading, Path(args.out, "gate.png"))
     for s in reading["settings"]:
         share = "n/a" if s["share_pos"] is None else f"{100 * s['share_pos']:.1f}%"
         print(f"  N={s['N']:>2} lr={s['lr']:g}: {share} of {s['n_pos']} correct low-W, on-policy gain "

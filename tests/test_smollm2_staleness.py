@@ -139,7 +139,7 @@ def test_smoke_run_of_every_stage(tiny_model_dir, tmp_path):
     assert refused.returncode != 0 and "the gate has not been read" in refused.stderr.strip().splitlines()[-1]
     stage("gate")
     gate = json.loads((out / "gate.json").read_text())
-    assert gate["settings"] and gate["settings"][0]["N"] == 2  # the smoke gate: N = 2, probed at k = 1
+    assert gate["settings"] and gate["settings"][0]["N"] == 2 and (out / "gate.png").is_file()  # N = 2, probed at k = 1
     stale = json.loads((out / "gate" / "gate_stale_N2_lr0.0001_s1.json").read_text())
     assert set(stale["probe"]) == {"1"} and stale["probe"]["1"]["n"] == study.SMOKE["eval_problems"]
     gate.update(passed=True, chosen={"N": 2, "lr": 1e-4})  # a tiny random model learns nothing: pass it by hand
