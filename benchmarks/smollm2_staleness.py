@@ -1,9 +1,9 @@
 """The paper's question on a pretrained model: `dapo`, VESPO and ReSPO under staleness on SmolLM2-135M-Instruct.
 
-Every loss comparison before this one ran on a 0.8M-parameter character model (docs/benchmarks.md, section 5). This
-one runs the stack users run on a real pretrained model, on this machine, with the discipline of section 5.5: a clean
+Every loss comparison before this one ran on a 0.8M-parameter character model (docs/benchmarks/regime.md). This
+one runs the stack users run on a real pretrained model, on this machine, with the discipline of mechanism.md: a clean
 three-way split, a regime gate measured on validation before any comparison, a rule committed before the first
-comparison run, paired seeds, every run kept (docs/benchmarks.md, section 8).
+comparison run, paired seeds, every run kept (docs/benchmarks/smollm2_staleness.md).
 
 Stages, each resumable (a finished run is never rerun; a run cut mid-way resumes from its last checkpoint):
 
@@ -17,7 +17,7 @@ Stages, each resumable (a finished run is never rerun; a run cut mid-way resumes
    meets (its rollouts were sampled by ``pi_0``, the policy has taken ``k`` updates since). The gate statistic is the
    share of correct completions with ``log W < -1`` at ``k = N - 1``. Beside it, an on-policy ``dapo`` run (``N =
    1``) per learning rate: its validation accuracy after :data:`UPDATES` updates against the base model's.
-   :func:`gate_reading` applies the rule of docs/benchmarks.md 8.2 and names the setting.
+   :func:`gate_reading` applies the rule of docs/benchmarks/smollm2_staleness.md (section 3) and names the setting.
 3. ``compare``: the pre-registered arms (:data:`ARMS`) at the gated ``N`` and learning rate, seeds
    :data:`SEEDS`, each scored on the test split once, at its end. Refused until the gate has passed.
 4. ``summary``: ``smollm2_staleness.json``, the per-seed table and the plot from whatever has finished.
@@ -267,10 +267,15 @@ def run_one(spec: dict) -> dict:
     start = time.time()
     log_path = Path(spec["work"], "logs", spec["name"] + ".log")
     with open(log_path, "a" if resume else "w") as log:
-        if resume:
-            print(f"resuming from {resume}", file=log, flush=True)
-        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-            report = recipe.main(script_args, training_args, model_args)
+        report_path = Path(output_dir, "report.json")
+        if resume and report_path.exists():  # trained to the end, cut while scoring: resuming would refuse
+            print(f"training finished before ({resume}); scoring only", file=log, flush=True)
+            report = json.loads(report_path.read_text())
+        else:
+            if resume:
+                print(f"resuming from {resume}", file=log, flush=True)
+            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                report = recipe.main(script_args, training_args, model_args)
         train_s = time.time() - start
         history = json.loads(Path(output_dir, "trainer_state.json").read_text())["log_history"]
         record = {
@@ -448,10 +453,10 @@ def base_validation(args, template: str) -> dict:
 
 
 def gate_reading(specs: list[dict], runs: dict[str, dict], base_accuracy: float) -> dict:
-    """The rule of docs/benchmarks.md 8.2, applied. A setting ``(N, lr)`` passes when the share of correct
-    completions with ``log W < -1`` at ``k = N - 1`` lies in :data:`GATE_BAND` and the on-policy run at that lr gains
-    at least :data:`MIN_GAIN` in validation accuracy. Of the passing settings, the one whose share is nearest the
-    paper's 22.8% is chosen (ties: the larger ``N``, then the smaller lr). Stops in one line while a run is missing."""
+    """The rule of docs/benchmarks/smollm2_staleness.md (section 3), applied. A setting ``(N, lr)`` passes when the
+    share of correct completions with ``log W < -1`` at ``k = N - 1`` lies in :data:`GATE_BAND` and the on-policy run
+    at that lr gains at least :data:`MIN_GAIN` in validation accuracy. Of the passing settings, the one whose share
+    is nearest the paper's 22.8% is chosen (ties: the larger ``N``, then the smaller lr). Stops in one line while a run is missing."""
     missing = [s["name"] for s in specs if s["name"] not in runs]
     if missing:
         raise SystemExit(f"the gate cannot be read: {len(missing)} of its runs have not finished ({', '.join(missing)})")

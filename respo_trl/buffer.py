@@ -80,6 +80,20 @@ def checkpoint_status(checkpoint_dir: str, num_processes: int) -> str | None:
     return None
 
 
+def finished_at(checkpoint_dir: str, max_steps: int) -> str | None:
+    """Why resuming from ``checkpoint_dir`` would train nothing it should (one line), or ``None``.
+
+    transformers checks the stop only after a step, so a run resumed from a checkpoint already at ``max_steps`` (a
+    relaunched job, a benchmark started again) silently trains one update more than it was asked for."""
+    if max_steps <= 0:  # an epoch-based run: transformers' own arithmetic decides
+        return None
+    with open(os.path.join(checkpoint_dir, TRAINER_STATE)) as f:
+        done = json.load(f)["global_step"]
+    if done < max_steps:
+        return None
+    return f"the run finished there (step {done}, max_steps {max_steps}); raise max_steps to train further"
+
+
 def last_complete_checkpoint(output_dir: str, num_processes: int) -> tuple[str | None, list[tuple[str, str]]]:
     """The newest complete ``checkpoint-N`` folder of ``output_dir`` (or None), and the newer ones skipped, with why."""
     if not os.path.isdir(output_dir):

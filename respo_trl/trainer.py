@@ -21,6 +21,7 @@ from .buffer import (
     RolloutBuffer,
     check_contiguous_groups,
     checkpoint_status,
+    finished_at,
     has_buffer_files,
     last_complete_checkpoint,
 )
@@ -372,11 +373,16 @@ class ReSPOTrainer(RoutingReplayMixin, ReSPOLoss, GRPOTrainer):
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None):
         """``Trainer.train``, resuming only from complete checkpoints: with ``resume_from_checkpoint=True`` the latest
-        complete one (interrupted saves are skipped with a warning); an explicit incomplete path is an error."""
+        complete one (interrupted saves are skipped with a warning); an explicit incomplete path is an error.
+
+        A checkpoint already at ``max_steps`` is refused too (:func:`~respo_trl.buffer.finished_at`): transformers
+        would train one update past it."""
         if resume_from_checkpoint is True:
             resume_from_checkpoint = self._last_complete_checkpoint()
-        elif isinstance(resume_from_checkpoint, str) and os.path.isdir(resume_from_checkpoint):
-            problem = checkpoint_status(resume_from_checkpoint, self.accelerator.num_processes)
+        if isinstance(resume_from_checkpoint, str) and os.path.isdir(resume_from_checkpoint):
+            problem = checkpoint_status(resume_from_checkpoint, self.accelerator.num_processes) or finished_at(
+                resume_from_checkpoint, self.args.max_steps
+            )
             if problem:
                 raise ValueError(f"cannot resume from {resume_from_checkpoint}: {problem}")
         return super().train(

@@ -716,6 +716,7 @@ def test_two_process_deepspeed_on_cpu(tmp_path, config):
         (["--model_name_or_path", "./no-such-model"], "--model_name_or_path './no-such-model': no such directory"),
         (["--preset", "tiny_cpu"], "preset 'tiny_cpu' was renamed 'tiny-cpu'"),
         (["--resume_from_checkpoint", "true"], "holds no complete checkpoint-N folder"),
+        (["--resume_from_checkpoint", "true", "--max_steps", "3"], "finished there (step 3, max_steps 3); raise"),
         (["--seed"], "argument --seed: expected one argument; see --help"),  # argparse's own: no 270-line usage
         (["--seed", "x"], "argument --seed: invalid int value: 'x'; see --help"),
     ],
@@ -725,6 +726,9 @@ def test_bad_input_ends_in_one_line_and_exit_status_2(recipe, tmp_path, capsys, 
     out = tmp_path / "run"
     if "true" in argv:
         out.mkdir()  # an existing but empty output_dir: nothing to resume (0.2 said "interrupted")
+    if "--max_steps" in argv:  # a run that finished: resuming it would train one step past max_steps
+        (out / "checkpoint-3").mkdir()
+        (out / "checkpoint-3" / "trainer_state.json").write_text(json.dumps({"global_step": 3}))
     with pytest.raises(SystemExit) as exit_info:
         recipe.cli([*argv, "--output_dir", str(out)])
     assert exit_info.value.code == 2

@@ -324,6 +324,21 @@ def test_resume_with_another_seed_or_shuffle_is_refused_naming_the_field(make_tr
     RolloutBuffer(reuse=1, steps_per_generation=2, reshuffle=False, seed=7).load(str(tmp_path / "once"), rank=0)
 
 
+def test_resuming_a_finished_run_is_refused_not_trained_one_step_more(make_trainer, tmp_path):
+    """Catches: transformers checks the stop only after a step, so a run resumed from its last checkpoint (a job
+    relaunched after it finished) trained update max_steps + 1 silently; raising max_steps still resumes."""
+    setup = dict(respo_updates_per_rollout=2, max_steps=2, per_device_train_batch_size=4, gradient_accumulation_steps=1,
+                 save_strategy="steps", save_steps=2, output_dir=str(tmp_path / "run"))  # fmt: skip
+    make_trainer(**setup).train()
+    again = make_trainer(**setup)
+    with pytest.raises(ValueError, match=r"checkpoint-2: the run finished there \(step 2, max_steps 2\); raise"):
+        again.train(resume_from_checkpoint=True)
+    assert again.state.global_step == 0
+    longer = make_trainer(**{**setup, "max_steps": 3})
+    longer.train(resume_from_checkpoint=True)
+    assert longer.state.global_step == 3
+
+
 def test_buffer_saved_by_another_number_of_processes_is_refused(tmp_path):
     buffer = RolloutBuffer(reuse=2, steps_per_generation=2, num_processes=4)
     buffer.store(toy_batch(), version=0)

@@ -45,7 +45,8 @@ def validate_args(
     if "{" in training_args.output_dir:
         raise ValueError(f"output_dir {training_args.output_dir!r} still holds a placeholder: pass --output_dir")
     check_output_dir(training_args.output_dir)
-    check_resume(training_args.resume_from_checkpoint, training_args.output_dir, training_args.world_size)
+    check_resume(training_args.resume_from_checkpoint, training_args.output_dir, training_args.world_size,
+                 training_args.max_steps)
     weights = training_args.reward_weights
     if weights is not None and len(weights) != len(script_args.reward_funcs):
         raise ValueError(
@@ -81,10 +82,10 @@ def check_model_path(name: str) -> None:
         raise RecipeError(f"--model_name_or_path {name!r}: no such directory (and not a Hub id of the form org/name)")
 
 
-def check_resume(resume, output_dir: str, num_processes: int) -> None:
+def check_resume(resume, output_dir: str, num_processes: int, max_steps: int = -1) -> None:
     """``--resume_from_checkpoint`` names something to resume from: ``true`` needs a complete checkpoint in
-    ``output_dir``, a path must be a complete checkpoint folder (checked with the trainer's own rules)."""
-    from ..buffer import checkpoint_status, last_complete_checkpoint
+    ``output_dir``, a path must be a complete checkpoint folder short of ``max_steps`` (the trainer's own rules)."""
+    from ..buffer import checkpoint_status, finished_at, last_complete_checkpoint
 
     if resume in (None, False, "") or (isinstance(resume, str) and resume.lower() in ("false", "none")):
         return
@@ -97,13 +98,15 @@ def check_resume(resume, output_dir: str, num_processes: int) -> None:
                 f"--resume_from_checkpoint true: output_dir {output_dir!r} {state}{why}; pass the run's --output_dir, "
                 "or start without --resume_from_checkpoint"
             )
+        if finished := finished_at(path, max_steps):
+            raise RecipeError(f"--resume_from_checkpoint true: the latest checkpoint is {path}: {finished}")
         return
     if not os.path.isdir(resume):
         raise RecipeError(f"--resume_from_checkpoint {resume!r}: no such directory (pass a checkpoint-N folder or true)")
     if not os.listdir(resume):
         raise RecipeError(f"--resume_from_checkpoint {resume!r} is an empty directory, not a checkpoint (pass a "
                           "checkpoint-N folder of a run, or true for the latest one in --output_dir)")  # fmt: skip
-    problem = checkpoint_status(resume, num_processes)
+    problem = checkpoint_status(resume, num_processes) or finished_at(resume, max_steps)
     if problem:
         raise RecipeError(f"cannot resume from {resume}: {problem}")
 
