@@ -109,6 +109,26 @@ def warm_start(model_kind: str, seed: int, extra: list[str], path: str) -> str:
     return path
 
 
+def train_or_resume(recipe_args: tuple, output_dir: str, resume: str | None, log) -> dict:
+    """``recipe.main`` on ``recipe_args``, resuming from ``resume``; its report. A run that had trained to the end and
+    was cut while it was being scored (its ``report.json`` written) is not resumed (the trainer refuses a checkpoint
+    at ``max_steps``): its report is read back and only the scoring runs again."""
+    import contextlib
+    import json
+
+    from respo_trl import recipe
+
+    report_path = os.path.join(output_dir, "report.json")
+    if resume and os.path.exists(report_path):
+        print(f"training finished before ({resume}); scoring only", file=log, flush=True)
+        with open(report_path) as f:
+            return json.load(f)
+    if resume:
+        print(f"resuming from {resume}", file=log, flush=True)
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):  # one log per run: a readable console
+        return recipe.main(*recipe_args)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Statistics of runs
 # ---------------------------------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from benchmarks.common import (
     pooled_positive_branch,
     pos_length_growth,
     pos_neg_weight_ratio,
+    train_or_resume,
     warm_start,
 )
 
@@ -160,11 +161,9 @@ def run_one(spec: dict) -> dict:
     script_args.tiny_model, model_args.model_name_or_path = None, spec["warm_path"]
     start = time.time()
     with open(Path(spec["logs_dir"], spec["name"] + ".log"), "a" if resume else "w") as log:
-        if resume:
-            print(f"resuming from {resume}", file=log, flush=True)
-        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):  # one log per run: a readable console
-            report = recipe.main(script_args, training_args, model_args)
-            train_s = time.time() - start
+        report = train_or_resume((script_args, training_args, model_args), output_dir, resume, log)
+        train_s = time.time() - start
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
             history = json.loads(Path(output_dir, "trainer_state.json").read_text())["log_history"]
             record = {
                 **{k: spec[k] for k in ("name", "stage", "arm", "setting", "lr", "N", "seed", "updates")},

@@ -37,7 +37,6 @@ trainer's own ``pi_theta / pi_old`` either way, and at ``N >= 8`` sampling is a 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -48,7 +47,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-from benchmarks.common import HISTORY_KEYS, late_mean, paired, per_update_kl, pos_neg_weight_ratio
+from benchmarks.common import HISTORY_KEYS, late_mean, paired, per_update_kl, pos_neg_weight_ratio, train_or_resume
 from benchmarks.common import init_worker as _init_worker
 from benchmarks.common import pooled_positive_branch as _pooled
 
@@ -267,15 +266,7 @@ def run_one(spec: dict) -> dict:
     start = time.time()
     log_path = Path(spec["work"], "logs", spec["name"] + ".log")
     with open(log_path, "a" if resume else "w") as log:
-        report_path = Path(output_dir, "report.json")
-        if resume and report_path.exists():  # trained to the end, cut while scoring: resuming would refuse
-            print(f"training finished before ({resume}); scoring only", file=log, flush=True)
-            report = json.loads(report_path.read_text())
-        else:
-            if resume:
-                print(f"resuming from {resume}", file=log, flush=True)
-            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-                report = recipe.main(script_args, training_args, model_args)
+        report = train_or_resume((script_args, training_args, model_args), output_dir, resume, log)
         train_s = time.time() - start
         history = json.loads(Path(output_dir, "trainer_state.json").read_text())["log_history"]
         record = {

@@ -286,3 +286,21 @@ def test_a_run_cut_mid_way_resumes_from_its_last_cycle_with_the_same_record(tmp_
     assert [h["step"] for h in resumed["history"]] == [1, 2, 3, 4]  # every update once, the first cycle's from disk
     assert resumed["history"] == whole["history"]
     assert resumed["heldout"] == whole["heldout"] and resumed["generated_tokens"] == whole["generated_tokens"]
+
+
+def test_a_run_cut_while_scoring_is_scored_again_not_trained_again(tmp_path, monkeypatch):
+    """Catches: a run trained to max_steps and cut while being scored was resumed from its final checkpoint, which
+    trained one update too many (the trainer now refuses it): with its report.json written, only scoring reruns."""
+    import io
+
+    from respo_trl import recipe
+
+    calls = []
+    monkeypatch.setattr(recipe, "main", lambda *args: calls.append(args) or {"trained": "now"})
+    out, log = tmp_path / "run", io.StringIO()
+    out.mkdir()
+    checkpoint = str(out / "checkpoint-4")
+    assert common.train_or_resume(("argv",), str(out), checkpoint, log) == {"trained": "now"}  # cut mid-way: resumes
+    (out / "report.json").write_text(json.dumps({"training": {"global_step": 4}}))
+    assert common.train_or_resume(("argv",), str(out), checkpoint, log) == {"training": {"global_step": 4}}
+    assert calls == [("argv",)] and "training finished before" in log.getvalue()
