@@ -109,20 +109,35 @@ def warm_start(model_kind: str, seed: int, extra: list[str], path: str) -> str:
     return path
 
 
-def train_or_resume(recipe_args: tuple, output_dir: str, resume: str | None, log) -> dict:
-    """``recipe.main`` on ``recipe_args``, resuming from ``resume``; its report. A run that had trained to the end and
-    was cut while it was being scored (its ``report.json`` written) is not resumed (the trainer refuses a checkpoint
-    at ``max_steps``): its report is read back and only the scoring runs again."""
-    import contextlib
+def resume_state(output_dir: str, updates: int) -> tuple[str | None, dict | None]:
+    """Where a run started again stands: the checkpoint to resume from (``None``: start afresh or nothing to train)
+    and, when it had trained all ``updates`` and was cut while being scored, its ``report.json`` (only the scoring
+    reruns: the trainer refuses to resume a checkpoint at ``max_steps``). Stops in one line when the run trained to
+    the end but was cut before its report was written."""
     import json
+
+    from respo_trl.buffer import finished_at, last_complete_checkpoint
+
+    resume, _ = last_complete_checkpoint(output_dir, num_processes=1)
+    if resume is None or finished_at(resume, updates) is None:
+        return resume, None
+    report_path = os.path.join(output_dir, "report.json")
+    report = json.load(open(report_path)) if os.path.exists(report_path) else None
+    if report is None or report["training"]["global_step"] != updates:
+        raise SystemExit(f"{output_dir} trained all {updates} updates but holds no report of them (cut while the "
+                         "recipe evaluated or saved): delete the folder to rerun that run")  # fmt: skip
+    return None, report
+
+
+def train_logged(recipe_args: tuple, resume: str | None, report: dict | None, log) -> dict:
+    """``recipe.main`` on ``recipe_args`` with its output in ``log``, or the finished run's ``report`` as it is."""
+    import contextlib
 
     from respo_trl import recipe
 
-    report_path = os.path.join(output_dir, "report.json")
-    if resume and os.path.exists(report_path):
-        print(f"training finished before ({resume}); scoring only", file=log, flush=True)
-        with open(report_path) as f:
-            return json.load(f)
+    if report is not None:
+        print("training finished before; scoring only", file=log, flush=True)
+        return report
     if resume:
         print(f"resuming from {resume}", file=log, flush=True)
     with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):  # one log per run: a readable console

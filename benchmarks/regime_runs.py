@@ -27,7 +27,8 @@ from benchmarks.common import (
     pooled_positive_branch,
     pos_length_growth,
     pos_neg_weight_ratio,
-    train_or_resume,
+    resume_state,
+    train_logged,
     warm_start,
 )
 
@@ -143,12 +144,11 @@ def run_one(spec: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from respo_trl import recipe
-    from respo_trl.buffer import last_complete_checkpoint
     from respo_trl.recipe.generation import sampling_profile
 
     n = spec["N"]
     output_dir = os.path.join(spec["scratch"], spec["name"])
-    resume, _ = last_complete_checkpoint(output_dir, num_processes=1)
+    resume, finished = resume_state(output_dir, spec["updates"])
     argv = [
         *spec["setting_args"], *RL_ARGS, *spec["extra"], *spec["loss_args"], "--seed", str(spec["seed"]),
         "--steps_per_generation", str(n), "--respo_updates_per_rollout", str(n), "--max_steps", str(spec["updates"]),
@@ -160,8 +160,8 @@ def run_one(spec: dict) -> dict:
     script_args, training_args, model_args = recipe.parse_args(argv)
     script_args.tiny_model, model_args.model_name_or_path = None, spec["warm_path"]
     start = time.time()
-    with open(Path(spec["logs_dir"], spec["name"] + ".log"), "a" if resume else "w") as log:
-        report = train_or_resume((script_args, training_args, model_args), output_dir, resume, log)
+    with open(Path(spec["logs_dir"], spec["name"] + ".log"), "a" if resume or finished else "w") as log:
+        report = train_logged((script_args, training_args, model_args), resume, finished, log)
         train_s = time.time() - start
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
             history = json.loads(Path(output_dir, "trainer_state.json").read_text())["log_history"]
@@ -190,6 +190,8 @@ def run_one(spec: dict) -> dict:
     record["train_s"] = train_s
     if resume:
         record["resumed_from_step"] = int(resume.rsplit("-", 1)[1])
+    if finished:
+        record["scored_only"] = True  # trained by an earlier process, cut while being scored: train_s is not its own
     Path(spec["runs_dir"], spec["name"] + ".json").write_text(json.dumps(record))
     return record
 

@@ -47,7 +47,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-from benchmarks.common import HISTORY_KEYS, late_mean, paired, per_update_kl, pos_neg_weight_ratio, train_or_resume
+from benchmarks.common import HISTORY_KEYS, late_mean, paired, per_update_kl, pos_neg_weight_ratio, resume_state
+from benchmarks.common import train_logged
 from benchmarks.common import init_worker as _init_worker
 from benchmarks.common import pooled_positive_branch as _pooled
 
@@ -248,11 +249,10 @@ def run_one(spec: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import respo_trl.recipe as recipe
-    from respo_trl.buffer import last_complete_checkpoint
 
     output_dir = os.path.join(spec["work"], "scratch", spec["name"])
     check_resume(output_dir, spec)
-    resume, _ = last_complete_checkpoint(output_dir, num_processes=1)
+    resume, finished = resume_state(output_dir, spec["updates"])
     n = spec["N"]
     argv = [
         *spec["argv"], "--model_name_or_path", spec["model"], "--seed", str(spec["seed"]),
@@ -265,8 +265,8 @@ def run_one(spec: dict) -> dict:
     script_args, training_args, model_args = recipe.parse_args(argv)
     start = time.time()
     log_path = Path(spec["work"], "logs", spec["name"] + ".log")
-    with open(log_path, "a" if resume else "w") as log:
-        report = train_or_resume((script_args, training_args, model_args), output_dir, resume, log)
+    with open(log_path, "a" if resume or finished else "w") as log:
+        report = train_logged((script_args, training_args, model_args), resume, finished, log)
         train_s = time.time() - start
         history = json.loads(Path(output_dir, "trainer_state.json").read_text())["log_history"]
         record = {
@@ -291,6 +291,8 @@ def run_one(spec: dict) -> dict:
     record["wall_s"], record["train_s"] = time.time() - start, train_s
     if resume:
         record["resumed_from_step"] = int(resume.rsplit("-", 1)[1])
+    if finished:
+        record["scored_only"] = True  # trained by an earlier process, cut while being scored: train_s is not its own
     Path(spec["runs_dir"], spec["name"] + ".json").write_text(json.dumps(record))
     return record
 

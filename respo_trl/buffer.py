@@ -81,17 +81,26 @@ def checkpoint_status(checkpoint_dir: str, num_processes: int) -> str | None:
 
 
 def finished_at(checkpoint_dir: str, max_steps: int) -> str | None:
-    """Why resuming from ``checkpoint_dir`` would train nothing it should (one line), or ``None``.
+    """Why resuming from ``checkpoint_dir`` would train what it should not (one line), or ``None``.
 
-    transformers checks the stop only after a step, so a run resumed from a checkpoint already at ``max_steps`` (a
-    relaunched job, a benchmark started again) silently trains one update more than it was asked for."""
-    if max_steps <= 0:  # an epoch-based run: transformers' own arithmetic decides
+    transformers checks the stop only after a step, so a run resumed from a checkpoint already at (or past)
+    ``max_steps`` (a relaunched job, a benchmark started again) silently trains one update more than asked. Runs
+    bounded by epochs (``max_steps <= 0``) are not checked: the step count they stop at is transformers' to compute
+    (a fractional ``num_train_epochs`` over-runs the same way)."""
+    if max_steps <= 0:
         return None
-    with open(os.path.join(checkpoint_dir, TRAINER_STATE)) as f:
-        done = json.load(f)["global_step"]
+    path = os.path.join(checkpoint_dir, TRAINER_STATE)
+    try:
+        with open(path) as f:
+            done = json.load(f)["global_step"]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        return f"{path} is not a trainer state ({type(error).__name__}: {error})"
     if done < max_steps:
         return None
-    return f"the run finished there (step {done}, max_steps {max_steps}); raise max_steps to train further"
+    return (
+        f"the checkpoint is at step {done}, already at or past max_steps {max_steps}: nothing to train (a larger "
+        "max_steps trains on, though a decaying lr schedule then differs from one run to the new max_steps)"
+    )
 
 
 def last_complete_checkpoint(output_dir: str, num_processes: int) -> tuple[str | None, list[tuple[str, str]]]:

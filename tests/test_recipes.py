@@ -716,7 +716,7 @@ def test_two_process_deepspeed_on_cpu(tmp_path, config):
         (["--model_name_or_path", "./no-such-model"], "--model_name_or_path './no-such-model': no such directory"),
         (["--preset", "tiny_cpu"], "preset 'tiny_cpu' was renamed 'tiny-cpu'"),
         (["--resume_from_checkpoint", "true"], "holds no complete checkpoint-N folder"),
-        (["--resume_from_checkpoint", "true", "--max_steps", "3"], "finished there (step 3, max_steps 3); raise"),
+        (["--resume_from_checkpoint", "true", "--max_steps", "3"], "at step 3, already at or past max_steps 3"),
         (["--seed"], "argument --seed: expected one argument; see --help"),  # argparse's own: no 270-line usage
         (["--seed", "x"], "argument --seed: invalid int value: 'x'; see --help"),
     ],

@@ -290,17 +290,33 @@ def test_a_run_cut_mid_way_resumes_from_its_last_cycle_with_the_same_record(tmp_
 
 def test_a_run_cut_while_scoring_is_scored_again_not_trained_again(tmp_path, monkeypatch):
     """Catches: a run trained to max_steps and cut while being scored was resumed from its final checkpoint, which
-    trained one update too many (the trainer now refuses it): with its report.json written, only scoring reruns."""
-    import io
-
+    trained one update too many (the trainer now refuses it, so the runner must not ask): with its report written,
+    only the scoring reruns; a report of fewer updates is not taken for a finished run; with no report, one line."""
     from respo_trl import recipe
 
     calls = []
-    monkeypatch.setattr(recipe, "main", lambda *args: calls.append(args) or {"trained": "now"})
-    out, log = tmp_path / "run", io.StringIO()
-    out.mkdir()
-    checkpoint = str(out / "checkpoint-4")
-    assert common.train_or_resume(("argv",), str(out), checkpoint, log) == {"trained": "now"}  # cut mid-way: resumes
-    (out / "report.json").write_text(json.dumps({"training": {"global_step": 4}}))
-    assert common.train_or_resume(("argv",), str(out), checkpoint, log) == {"training": {"global_step": 4}}
-    assert calls == [("argv",)] and "training finished before" in log.getvalue()
+    monkeypatch.setattr(recipe, "main", lambda *args: calls.append(args) or {"training": {"global_step": 4,
+                                                                                          "generated_tokens": 9}})
+    spec = dict(N=2, scratch=str(tmp_path / "scratch"), name="r", setting_args=[], extra=[], loss_args=[], seed=0,
+                updates=4, lr=1e-5, evaluate=False, warm_path=str(tmp_path), logs_dir=str(tmp_path), stage="s",
+                arm="a", setting="x", runs_dir=str(tmp_path))  # fmt: skip
+    out = tmp_path / "scratch" / "r"
+
+    def leave(step, report_step):
+        (out / f"checkpoint-{step}").mkdir(parents=True)
+        (out / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        (out / "trainer_state.json").write_text(json.dumps({"log_history": [{"step": 1, "loss": 0.1}]}))
+        if report_step:
+            (out / "report.json").write_text(json.dumps({"training": {"global_step": report_step,
+                                                                      "generated_tokens": 7}}))  # fmt: skip
+
+    leave(4, 4)  # trained to the end, report written, cut while scoring
+    record = regime_runs.run_one(spec)
+    assert calls == [] and record["scored_only"] and record["generated_tokens"] == 7 and not out.exists()
+    leave(2, 4)  # a report left by an earlier run, a checkpoint short of the end: resumed, trained
+    record = regime_runs.run_one(spec)
+    assert len(calls) == 1 and calls[0][1].resume_from_checkpoint.endswith("checkpoint-2")
+    assert "scored_only" not in record and record["generated_tokens"] == 9
+    leave(4, None)  # trained to the end, cut before the recipe wrote its report
+    with pytest.raises(SystemExit, match="trained all 4 updates but holds no report of them"):
+        regime_runs.run_one(spec)

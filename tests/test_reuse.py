@@ -331,7 +331,7 @@ def test_resuming_a_finished_run_is_refused_not_trained_one_step_more(make_train
                  save_strategy="steps", save_steps=2, output_dir=str(tmp_path / "run"))  # fmt: skip
     make_trainer(**setup).train()
     again = make_trainer(**setup)
-    with pytest.raises(ValueError, match=r"checkpoint-2: the run finished there \(step 2, max_steps 2\); raise"):
+    with pytest.raises(ValueError, match=r"checkpoint-2: the checkpoint is at step 2, already at or past max_steps 2"):
         again.train(resume_from_checkpoint=True)
     assert again.state.global_step == 0
     longer = make_trainer(**{**setup, "max_steps": 3})
