@@ -22,8 +22,8 @@ Stages, each resumable (a finished run is never rerun; a run cut mid-way resumes
    :data:`SEEDS`, each scored on the test split once, at its end. Refused until the gate has passed.
 4. ``summary``: ``smollm2_staleness.json``, the per-seed table and the plot from whatever has finished.
 
-    python -m benchmarks.smollm2_staleness prompts               # ~15 min on one core
-    python -m benchmarks.smollm2_staleness gate --workers 2      # ~1.5 h on 2 cores
+    python -m benchmarks.smollm2_staleness prompts               # ~20 min on one core
+    python -m benchmarks.smollm2_staleness gate --workers 2      # ~2 h on 2 cores
     python -m benchmarks.smollm2_staleness compare --workers 2   # ~8 h on 2 cores, across sessions
     python -m benchmarks.smollm2_staleness summary
     python -m benchmarks.smollm2_staleness gate --smoke --out /tmp/s  # minutes, a tiny model: what the tests run
@@ -74,7 +74,7 @@ TEMPLATES = {
     "explain": "What is {problem}? Explain your steps.",
 }
 MIN_LENGTH = 20  # tokens: the rule's floor on the mean answer length (staleness moves W through long answers)
-TEMPERATURE = 0.7  # the base model at temperature 1 answers 0-1% of three-term sums right (docs 8.1)
+TEMPERATURE = 0.7  # the base model at temperature 1 answers 0-1% of three-term sums right (docs, section 2)
 MAX_TOKENS = 64
 EVAL_SAMPLES = 2  # completions per validation/test problem (avg@2): ~290 graded answers per split
 
