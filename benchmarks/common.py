@@ -129,6 +129,24 @@ def resume_state(output_dir: str, updates: int) -> tuple[str | None, dict | None
     return None, report
 
 
+def write_record(record: dict, spec: dict, output_dir: str, start: float, train_s: float, resume, finished) -> dict:
+    """A finished run's record, written to ``runs_dir``: its scratch folder removed, this process's times, and where it
+    took over (``resumed_from_step``) or that it was only scored (``scored_only``: trained by an earlier process)."""
+    import json
+    import shutil
+    import time
+
+    shutil.rmtree(output_dir, ignore_errors=True)
+    record["wall_s"], record["train_s"] = time.time() - start, train_s
+    if resume:
+        record["resumed_from_step"] = int(resume.rsplit("-", 1)[1])
+    if finished:
+        record["scored_only"] = True
+    with open(os.path.join(spec["runs_dir"], spec["name"] + ".json"), "w") as f:
+        json.dump(record, f)
+    return record
+
+
 def train_logged(recipe_args: tuple, resume: str | None, report: dict | None, log) -> dict:
     """``recipe.main`` on ``recipe_args`` with its output in ``log``, or the finished run's ``report`` as it is."""
     import contextlib

@@ -12,7 +12,6 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -30,6 +29,7 @@ from benchmarks.common import (
     resume_state,
     train_logged,
     warm_start,
+    write_record,
 )
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -185,15 +185,7 @@ def run_one(spec: dict) -> dict:
                     "sampled_samples": spec["eval_samples"], "sampled_entropy_per_token": sampled["entropy_per_token"],
                     "sampled_mean_length": sampled["mean_length"],
                 }  # fmt: skip
-    shutil.rmtree(output_dir, ignore_errors=True)
-    record["wall_s"] = time.time() - start
-    record["train_s"] = train_s
-    if resume:
-        record["resumed_from_step"] = int(resume.rsplit("-", 1)[1])
-    if finished:
-        record["scored_only"] = True  # trained by an earlier process, cut while being scored: train_s is not its own
-    Path(spec["runs_dir"], spec["name"] + ".json").write_text(json.dumps(record))
-    return record
+    return write_record(record, spec, output_dir, start, train_s, resume, finished)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

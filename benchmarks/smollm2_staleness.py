@@ -40,7 +40,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -48,7 +47,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from benchmarks.common import HISTORY_KEYS, late_mean, paired, per_update_kl, pos_neg_weight_ratio, resume_state
-from benchmarks.common import train_logged
+from benchmarks.common import train_logged, write_record
 from benchmarks.common import init_worker as _init_worker
 from benchmarks.common import pooled_positive_branch as _pooled
 
@@ -287,14 +286,7 @@ def run_one(spec: dict) -> dict:
                 logps = sequence_logps(model, probe, tokenizer.pad_token_id)
                 lengths = [len(c) for c in probe["completion_ids"]]
                 record["probe"][str(k)] = probe_reading(probe["base_logps"], logps, probe["reward"], lengths)
-    shutil.rmtree(output_dir, ignore_errors=True)
-    record["wall_s"], record["train_s"] = time.time() - start, train_s
-    if resume:
-        record["resumed_from_step"] = int(resume.rsplit("-", 1)[1])
-    if finished:
-        record["scored_only"] = True  # trained by an earlier process, cut while being scored: train_s is not its own
-    Path(spec["runs_dir"], spec["name"] + ".json").write_text(json.dumps(record))
-    return record
+    return write_record(record, spec, output_dir, start, train_s, resume, finished)
 
 
 def base_probe(args, template: str) -> Path:
