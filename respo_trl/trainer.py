@@ -46,7 +46,7 @@ from .kernels import (
 )
 from .paper import ARXIV_ID, RESPO_CITATION, TITLE, TRAINER_TAGS
 from .routing_replay_hooks import RoutingReplayMixin
-from .trl_loss import ReSPOLoss, check_trl_hooks, check_trl_state
+from .trl_loss import MULTIMODAL_KEYS, ReSPOLoss, check_trl_hooks, check_trl_state
 
 logger = get_logger(__name__)
 
@@ -190,10 +190,6 @@ class ReSPOTrainer(RoutingReplayMixin, ReSPOLoss, GRPOTrainer):
         if old is None:
             return False
         completion_ids = batch["completion_ids"]
-        multimodal = (
-            "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
-            "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
-        )  # fmt: skip
         with self.routing_batch(batch):  # MoE Routing Replay: the buffered rows' recorded routes
             logps, _, _ = self._get_per_token_logps_and_entropies(
                 self.model,
@@ -201,7 +197,7 @@ class ReSPOTrainer(RoutingReplayMixin, ReSPOLoss, GRPOTrainer):
                 torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
                 completion_ids.size(1),
                 batch_size=self.args.per_device_train_batch_size,
-                **{key: batch.get(key) for key in multimodal},
+                **{key: batch.get(key) for key in MULTIMODAL_KEYS},
             )
         mask = batch["completion_mask"] * batch.get("tool_mask", 1)
         log_c, kept = fold_sampler_ratio(self._sampler_ratio(batch), mask)
