@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import itertools
 import json
 import math
@@ -61,7 +62,9 @@ HISTORY_KEYS = (
     "clip_ratio/region_mean", "starvation/grad_throughput/pos", "starvation/grad_throughput/neg",
     "starvation/clip_grad_throughput/pos", "starvation/clip_grad_throughput/neg", "respo/trust_masked_frac",
     "starvation/zero_coef_token_frac", "starvation/low_weight_pos/share", "starvation/low_weight_pos/mass_share",
-    "starvation/pos_length_mean", "reuse/staleness_mean",
+    "starvation/pos_length_mean", "reuse/staleness_mean", "reuse/pass", "reuse/grad_norm_vs_fresh", "respo/phi_mean/pos",
+    "respo/phi_mean/neg", "completions/mean_length", "offpolicy/kl", "offpolicy/log_weight/mean", "learning_rate",
+    "starvation/low_weight_pos/n", "starvation/low_weight_pos/n_low", "clip_ratio/low_mean", "clip_ratio/high_mean",
 )  # fmt: skip
 # Early means kept per arm (first quarter of the optimizer steps): name in the JSON -> logged metric.
 EARLY_KEYS = {
@@ -119,6 +122,12 @@ def run_arm(spec: dict) -> dict:
         report = recipe.main(script_args, training_args, model_args)  # one log per arm keeps the console readable
     wall = time.time() - start
     history = json.loads(Path(output_dir, "trainer_state.json").read_text())["log_history"]
+    answers = {}  # the greedy held-out answers of every curve point (the last measurement of a step wins)
+    answers_path = Path(output_dir, recipe.ANSWERS_FILE)
+    if answers_path.exists():
+        for line in answers_path.read_text().splitlines():
+            point = json.loads(line)
+            answers[point["step"]] = [[a["completion"], a["correct"], a["tokens"]] for a in point["answers"]]
     shutil.rmtree(output_dir, ignore_errors=True)
     steps = [h for h in history if "starvation/grad_throughput/pos" in h]
     early = steps[: max(1, len(steps) // 4)]  # the first quarter of the token budget, the same share at every R
@@ -137,7 +146,8 @@ def run_arm(spec: dict) -> dict:
         "before": report["heldout"]["before"],
         "after": report["heldout"]["after"],
         "heldout_n": report["heldout"]["n"],
-        "curve": [{k: p[k] for k in ("step", "generated_tokens", "accuracy", "n")} for p in curve],
+        "curve": [{k: p[k] for k in ("step", "generated_tokens", "accuracy", "n", "mean_answer_tokens") if k in p}
+                  for p in curve],
         "best": max(p["accuracy"] for p in curve),
         "max_drop": drop,
         "generated_tokens": report["training"]["generated_tokens"],
@@ -154,6 +164,10 @@ def run_arm(spec: dict) -> dict:
         "reward_last": report["training"]["reward_last"],
         "wall_s": wall,
     }
+    if answers:  # step -> [[completion, right, tokens], ...] on the curve's problems (the held-out set's first ones)
+        size = min(len(rows) for rows in answers.values())
+        with gzip.open(Path(spec["runs_dir"], spec["name"] + ".answers.json.gz"), "wt") as f:
+            json.dump({str(step): rows[:size] for step, rows in sorted(answers.items())}, f)
     Path(spec["runs_dir"], spec["name"] + ".json").write_text(json.dumps(result))
     return result
 

@@ -25,11 +25,11 @@ from .data import build_datasets, drop_long_prompts, load_split, to_conversation
 from .evaluation import BEST_HELDOUT_DIR, HeldoutEvaluator, greedy_accuracy, sampled_accuracy
 from .presets import DEFAULT_PRESET, PRESETS_DIR, available_presets
 from .model import build_tiny, configure_moe, inspect_model, load_tokenizer, pick_cpu_threads, warm_start
-from .report import CURVE_FILE, RunReport
+from .report import ANSWERS_FILE, CURVE_FILE, RunReport
 from .train import cli, main
 
 __all__ = [
-    "ALGORITHMS", "BEST_HELDOUT_DIR", "BUILTIN_PREFIX", "CURVE_FILE", "DEFAULT_PRESET", "EVAL_MODES", "PRESETS_DIR",
+    "ALGORITHMS", "ANSWERS_FILE", "BEST_HELDOUT_DIR", "BUILTIN_PREFIX", "CURVE_FILE", "DEFAULT_PRESET", "EVAL_MODES", "PRESETS_DIR",
     "HeldoutEvaluator", "Interrupted", "RecipeArguments", "RecipeError", "RunReport", "available_presets",
     "batch_plan", "build_datasets", "build_reward", "build_tiny", "cli", "configure_moe", "drop_long_prompts",
     "greedy_accuracy", "inspect_model", "load_split", "load_tokenizer", "main", "one_line_errors", "parse_args",

@@ -11,8 +11,9 @@ import os
 BEST_HELDOUT_DIR = "checkpoint-best-heldout"
 
 
-def greedy_accuracy(trainer, dataset, max_new_tokens: int, batch_size: int, reward_fn) -> dict:
-    """Greedy held-out accuracy graded by the training accuracy reward, sharded over processes and summed."""
+def greedy_accuracy(trainer, dataset, max_new_tokens: int, batch_size: int, reward_fn, keep_answers: bool = False) -> dict:
+    """Greedy held-out accuracy graded by the training accuracy reward, sharded over processes and summed; with
+    ``keep_answers``, every answer too (``answers``: completion, grade, tokens), to see *how* a policy fails."""
     import torch
     from trl.models import unwrap_model_for_generation
 
@@ -28,12 +29,20 @@ def greedy_accuracy(trainer, dataset, max_new_tokens: int, batch_size: int, rewa
     correct = accuracy_scores(texts, shard["solution"], reward_fn) if texts else []
     local = torch.tensor([sum(correct), len(correct), sum(lengths)], dtype=torch.float64, device=accelerator.device)
     total = accelerator.reduce(local, "sum").tolist()
-    return {
+    result = {
         "accuracy": total[0] / max(total[1], 1),
         "n": int(total[1]),
         "mean_answer_tokens": total[2] / max(total[1], 1),
         "examples": [{"prompt": p[-1]["content"], "completion": t} for p, t in zip(shard["prompt"][:3], texts[:3])],
     }
+    if keep_answers:  # every problem's answer, in the dataset's order (shards interleave by process index)
+        from accelerate.utils import gather_object
+
+        rows = [(accelerator.process_index + i * accelerator.num_processes, t, float(c), n)
+                for i, (t, c, n) in enumerate(zip(texts, correct, lengths))]  # fmt: skip
+        rows = sorted(gather_object(rows) if accelerator.num_processes > 1 else rows)
+        result["answers"] = [{"completion": t, "correct": c, "tokens": n} for _, t, c, n in rows]
+    return result
 
 
 def sampled_accuracy(trainer, dataset, accuracy_name: str) -> dict:
@@ -79,27 +88,33 @@ class HeldoutEvaluator:
     def enabled(self) -> bool:
         return self.mode != "none"
 
-    def measure(self, dataset=None) -> dict:
-        """Accuracy of the current weights on ``dataset`` (default: the whole held-out set)."""
+    def measure(self, dataset=None, keep_answers: bool = False) -> dict:
+        """Accuracy of the current weights on ``dataset`` (default: the whole held-out set); greedy mode with
+        ``keep_answers`` also returns every answer (``answers``)."""
         from respo_trl.rewards import reward_name
 
         dataset = self.heldout if dataset is None else dataset
         if self.sampled:
             return sampled_accuracy(self.trainer, dataset, reward_name(self.accuracy_fn))
-        return greedy_accuracy(self.trainer, dataset, self.max_new_tokens, self.batch_size, self.accuracy_fn)
+        return greedy_accuracy(self.trainer, dataset, self.max_new_tokens, self.batch_size, self.accuracy_fn,
+                               keep_answers=keep_answers)  # fmt: skip
 
-    def curve_point(self, step: int) -> dict:
-        """An in-training point on the curve's problems; the weights are saved when it is the best so far."""
-        result = self.measure(self.curve_set)
+    def curve_point(self, step: int) -> tuple[dict, list[dict] | None]:
+        """An in-training point on the curve's problems and its answers (greedy mode; None when sampled); the weights
+        are saved when it is the best so far."""
+        result = self.measure(self.curve_set, keep_answers=True)
         if self.keep_best and step > 0 and result["accuracy"] > self.best["accuracy"]:
             self.trainer.save_model(self.best_dir)  # every process takes part, as in any save
             self.best.update(step=step, accuracy=result["accuracy"], n=result["n"])
-        return {"step": step, "generated_tokens": self.trainer.rollouts.generated_tokens,
-                "accuracy": result["accuracy"], "n": result["n"]}  # fmt: skip
+        point = {"step": step, "generated_tokens": self.trainer.rollouts.generated_tokens,
+                 "accuracy": result["accuracy"], "n": result["n"]}  # fmt: skip
+        if "mean_answer_tokens" in result:
+            point["mean_answer_tokens"] = result["mean_answer_tokens"]
+        return point, result.get("answers")
 
     def after_training(self, curve: list[dict]) -> tuple[dict, dict | None]:
-        """(accuracy after RL, the curve point to add or None): sampled mode reuses an ``eval_strategy`` evaluation
-        of the last step when there is one; otherwise the whole set is measured."""
+        """(accuracy after RL, the curve point to add or None, its answers or None): sampled mode reuses an
+        ``eval_strategy`` evaluation of the last step when there is one; otherwise the whole set is measured."""
         from respo_trl.rewards import reward_name
 
         trainer = self.trainer
@@ -108,10 +123,14 @@ class HeldoutEvaluator:
             curve.extend(point for point in logged if point["step"] > 0)
         last = curve[-1] if curve else None
         if self.sampled and last is not None and last["step"] == trainer.state.global_step and last["step"] > 0:
-            return {"accuracy": last["accuracy"], "n": len(self.heldout), "from": "last eval_strategy evaluation"}, None
-        after = self.measure()
-        return after, {"step": trainer.state.global_step, "accuracy": after["accuracy"],
-                       "generated_tokens": trainer.rollouts.generated_tokens, "n": after["n"]}  # fmt: skip
+            return {"accuracy": last["accuracy"], "n": len(self.heldout), "from": "last eval_strategy evaluation"}, None, None
+        after = self.measure(keep_answers=True)
+        answers = after.pop("answers", None)
+        point = {"step": trainer.state.global_step, "accuracy": after["accuracy"],
+                 "generated_tokens": trainer.rollouts.generated_tokens, "n": after["n"]}  # fmt: skip
+        if "mean_answer_tokens" in after:
+            point["mean_answer_tokens"] = after["mean_answer_tokens"]
+        return after, point, answers
 
     def best_checkpoint(self, curve: list[dict], final_dir: str) -> dict | None:
         """The best in-training checkpoint measured on the whole held-out set (None without in-training points)."""
@@ -191,7 +210,7 @@ def make_callbacks(report, heldout: HeldoutEvaluator, save_at_steps=()):
         def on_step_end(self, args, state, control, **kwargs):
             every = heldout.every
             if every and state.global_step % every == 0 and state.global_step < state.max_steps:
-                report.add_point(heldout.curve_point(state.global_step))
+                report.add_point(*heldout.curve_point(state.global_step))
 
     class SaveAt(TrainerCallback):
         """The Trainer's own save (weights, optimizer, rollout buffer: resumable) after the listed steps."""

@@ -14,6 +14,9 @@ from contextlib import contextmanager
 from dataclasses import asdict
 
 CURVE_FILE = "heldout_curve.json"  # every held-out point as it is measured: a resumed run keeps the curve
+# every greedy held-out answer of each point, one JSON line per point ({"step", "answers"}), appended as measured: how a
+# policy fails (lengths, the form of wrong answers) is read here. After a resume a step may appear twice; the last wins.
+ANSWERS_FILE = "heldout_answers.jsonl"
 
 from ..batching import batch_plan
 
@@ -124,6 +127,7 @@ class RunReport:
         self.model_name, self.trainer, self.world, self.is_main = model_name, trainer, world, is_main
         self.data = new_report(script_args, training_args, model_name, model_info, trainer, world, resume)
         self.curve_file = os.path.join(training_args.output_dir, CURVE_FILE)
+        self.answers_file = os.path.join(training_args.output_dir, ANSWERS_FILE)
         self.seconds = {"warm_start": 0.0, "train": 0.0, "heldout_eval": 0.0}
 
     @property
@@ -152,13 +156,16 @@ class RunReport:
         self.data["curve"] = [p for p in saved.get("curve", []) if step is None or p["step"] <= step]
         self.data["heldout"].update(before=saved.get("before"), before_detail=saved.get("before_detail"))
 
-    def add_point(self, point: dict) -> None:
+    def add_point(self, point: dict, answers: list[dict] | None = None) -> None:
         """Append a held-out point and, on the main process, rewrite the curve file whole (then renamed into place),
-        so an interrupted run's curve survives for its resume."""
+        so an interrupted run's curve survives for its resume; its answers, if given, go to :data:`ANSWERS_FILE`."""
         self.curve.append(point)
         if not self.is_main:
             return
         os.makedirs(os.path.dirname(self.curve_file) or ".", exist_ok=True)
+        if answers is not None:
+            with open(self.answers_file, "a") as f:
+                f.write(json.dumps({"step": point["step"], "answers": answers}) + "\n")
         payload = {"before": self.data["heldout"].get("before"), "before_detail": self.data["heldout"].get("before_detail"),
                    "curve": self.curve}  # fmt: skip
         tmp = f"{self.curve_file}.tmp-{os.getpid()}"
@@ -167,12 +174,16 @@ class RunReport:
         os.replace(tmp, self.curve_file)
 
     def before(self, result: dict) -> None:
+        answers = result.pop("answers", None)
         self.data["heldout"]["before"], self.data["heldout"]["before_detail"] = result["accuracy"], result
-        self.add_point({"step": 0, "generated_tokens": 0, "accuracy": result["accuracy"], "n": result["n"]})
+        point = {"step": 0, "generated_tokens": 0, "accuracy": result["accuracy"], "n": result["n"]}
+        if "mean_answer_tokens" in result:
+            point["mean_answer_tokens"] = result["mean_answer_tokens"]
+        self.add_point(point, answers)
 
-    def after(self, result: dict, point: dict | None) -> None:
+    def after(self, result: dict, point: dict | None, answers: list[dict] | None = None) -> None:
         if point is not None:
-            self.add_point(point)
+            self.add_point(point, answers)
         self.data["heldout"]["after"], self.data["heldout"]["after_detail"] = result["accuracy"], result
 
     def best(self, result: dict | None) -> None:

@@ -79,7 +79,7 @@ def main(script_args: RecipeArguments, training_args, model_args) -> dict:
     # -- 4. held-out accuracy before RL (a resumed run kept the first run's), RL, held-out accuracy after ------------
     with report.timed("heldout_eval"):
         if evaluator.enabled and not resume:
-            report.before(evaluator.measure())
+            report.before(evaluator.measure(keep_answers=True))
             before = report.data["heldout"]["before_detail"]
             trainer.accelerator.print(f"held-out accuracy before RL: {100 * before['accuracy']:.1f}% (n={before['n']})")
     with report.timed("train"):
