@@ -171,7 +171,7 @@ HISTORY_KEYS = (
     "reward", "grad_norm", "entropy", "reuse/staleness_mean", "reuse/generated_tokens", "offpolicy/kl",
     "offpolicy/log_weight/mean", "offpolicy/log_weight/std", "starvation/pos_length_mean",
     "starvation/grad_throughput/pos", "starvation/grad_throughput/neg", "clip_ratio/region_mean",
-    "completions/mean_length", "learning_rate",
+    "completions/mean_length", "learning_rate", "frac_reward_zero_std",
     *(f"starvation/low_weight_pos/{k}" for k in ("n", "n_low", "mass", "mass_low", "respo_mass", "respo_mass_low",
                                                   "vespo_mass", "vespo_mass_low")),
 )  # fmt: skip

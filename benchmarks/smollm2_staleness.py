@@ -5,24 +5,28 @@ one runs the stack users run on a real pretrained model, on this machine, with t
 three-way split, a regime gate measured on validation before any comparison, a rule committed before the first
 comparison run, paired seeds, every run kept (docs/benchmarks/smollm2_staleness.md).
 
-Stages, each resumable (a finished run is never rerun; a run cut mid-way resumes from its last checkpoint):
+This is the study's second attempt (section 6 of the page). The first ran on three-term sums of 1-9, which the base
+model answers at chance, and no gate setting passed; its records stay in ``docs/benchmarks/smollm2_staleness/`` and
+were made by this module at commit a9fca25. Stages of the second attempt, each resumable (a finished run is never
+rerun; a run cut mid-way resumes from its last checkpoint):
 
-1. ``prompts``: the prompt, on validation only: sampled accuracy and length of the base model on every validation
-   problem under each candidate template (:data:`TEMPLATES`). The choice rule is fixed here, before it runs: the
-   template with the highest accuracy among those whose mean answer is at least :data:`MIN_LENGTH` tokens long.
+1. ``tasks``: the task, on validation only. Each candidate of :data:`CANDIDATES` (the preset's prompt, split by
+   canonical form stratified by answer) is sampled by the base model, :data:`TASK_SAMPLES` completions of each of
+   :data:`TASK_PROBLEMS` validation problems at the run's temperature; :func:`choose_task` applies the rule fixed here
+   before it ran (accuracy in [20%, 40%], at least 3x the best constant answer and the answer-distribution guess, at
+   least 60% of groups mixed, answers of 15+ tokens; then the longest answers).
 2. ``gate``: the regime, on validation only. TRL ``dapo`` at staleness ``N = 32`` for one cycle at each learning
-   rate of :data:`GATE_LRS`, checkpointed at the stale end of ``N`` = 8, 16 and 32 (updates 7, 15, 31); then the
-   *staleness probe*: completions the base policy samples on every validation problem, graded, and scored by each
-   checkpoint: ``log W = log pi_k(o) - log pi_0(o)`` is the sequence log-weight mini-batch ``k`` of the first cycle
-   meets (its rollouts were sampled by ``pi_0``, the policy has taken ``k`` updates since). The gate statistic is the
-   share of correct completions with ``log W < -1`` at ``k = N - 1``. Beside it, an on-policy ``dapo`` run (``N =
-   1``) per learning rate: its validation accuracy after :data:`UPDATES` updates against the base model's.
-   :func:`gate_reading` applies the rule of docs/benchmarks/smollm2_staleness.md (section 3) and names the setting.
-3. ``compare``: the pre-registered arms (:data:`ARMS`) at the gated ``N`` and learning rate, seeds
-   :data:`SEEDS`, each scored on the test split once, at its end. Refused until the gate has passed.
+   rate of :data:`GATE_LRS` (no warm-up: update ``k`` is ``k`` full updates), its own diagnostic pooled over the
+   first ``N`` mini-batches of the cycle for every ``N`` of :data:`GATE_N` (the paper's statistic: positives with
+   ``log W < -1``), and the *staleness probe* at the stale end of each ``N`` (the base policy's completions on
+   validation problems scored by the checkpoint after ``k = N - 1`` updates). Beside it an on-policy ``dapo`` run
+   (``N = 1``) per learning rate: its validation accuracy after :data:`UPDATES` updates. :func:`gate_reading` applies
+   the rule of the page's section 6.2 and names the setting.
+3. ``compare``: the pre-registered arms (:data:`ARMS`) at the gated ``N`` and learning rate, seeds :data:`SEEDS`,
+   each scored on the test split once, at its end. Refused until the gate has chosen a setting.
 4. ``summary``: ``smollm2_staleness.json``, the per-seed table and the plot from whatever has finished.
 
-    python -m benchmarks.smollm2_staleness prompts               # ~20 min on one core
+    python -m benchmarks.smollm2_staleness tasks                 # ~50 min on one core
     python -m benchmarks.smollm2_staleness gate --workers 2      # ~2 h on 2 cores
     python -m benchmarks.smollm2_staleness compare --workers 2   # ~8 h on 2 cores, across sessions
     python -m benchmarks.smollm2_staleness summary
@@ -52,52 +56,82 @@ from benchmarks.common import init_worker as _init_worker
 from benchmarks.common import pooled_positive_branch as _pooled
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "docs" / "benchmarks" / "smollm2_staleness"
+OUT = ROOT / "docs" / "benchmarks" / "smollm2_staleness" / "attempt2"  # attempt 1's records: the folder above
 MODEL = "outputs/smollm2-135m-instruct-q4"
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The task, the prompt and the sampling (chosen on validation: stage `prompts`)
 # ---------------------------------------------------------------------------------------------------------------------
 
-# Three-term sums of 1..9 ("7+7+1"): 729 ordered problems, 165 canonical forms, split by canonical form 60/20/20 so
-# that no held-out problem has a re-ordered twin in training. The sum exceeds every operand, so an answer that copies
-# the problem ends on a wrong number.
-TASK = [
-    "--dataset_name", "builtin:arithmetic", "--task_operators", "+", "--task_min_terms", "3", "--task_max_terms", "3",
-    "--task_min_operand", "1", "--task_max_operand", "9", "--task_scratchpad", "false", "--task_split_by", "canonical",
-    "--task_test_fraction", "0.2", "--task_validation_fraction", "0.2", "--train_size", "None", "--heldout_size", "None",
-]  # fmt: skip
-TEMPLATES = {
-    "calculate": "Calculate {problem}.",
-    "one_at_a_time": "Calculate {problem}. Add the numbers one at a time.",
-    "explain": "What is {problem}? Explain your steps.",
+# The candidate tasks: sums in the preset's prompt, graded by the last integer of the answer. Each is split by
+# canonical form (no re-ordered twin across splits) stratified by answer (train, validation and test share their
+# answer distribution), 60/20/20; every problem of a split is in it (train_size / heldout_size None).
+CANDIDATES = {
+    "add2_30": {"terms": 2, "min_operand": 1, "max_operand": 30},  # the 0.4 preset's task (operands from 1, not 0)
+    "add2_50": {"terms": 2, "min_operand": 1, "max_operand": 50},
+    "add2_99": {"terms": 2, "min_operand": 1, "max_operand": 99},
+    "add3_5": {"terms": 3, "min_operand": 1, "max_operand": 5},
 }
-MIN_LENGTH = 20  # tokens: the rule's floor on the mean answer length (staleness moves W through long answers)
-TEMPERATURE = 0.7  # the base model at temperature 1 answers 0-1% of three-term sums right (docs, section 2)
+TEMPLATE = "Calculate {problem}."  # the preset's prompt (attempt 1 chose it on validation among three)
+TEMPERATURE = 0.7  # the base model at temperature 1 answers too few sums right to learn from (docs, section 2)
 MAX_TOKENS = 64
-EVAL_SAMPLES = 2  # completions per validation/test problem (avg@2): ~290 graded answers per split
+EVAL_SAMPLES = 2  # completions per validation/test problem (avg@2)
+# The task rule (choose_task), fixed before the tasks stage ran.
+TASK_PROBLEMS, TASK_SAMPLES = 64, 8  # validation problems sampled per candidate, completions of each (groups of 8)
+TASK_ACCURACY = (0.20, 0.40)  # sampled base accuracy at TEMPERATURE
+TASK_BASELINE_RATIO = 3.0  # accuracy at least 3x the best constant answer and 3x the answer-distribution guess
+TASK_MIXED = 0.60  # share of groups of 8 with both a right and a wrong answer
+TASK_MIN_LENGTH = 15  # mean answer length in tokens
+
+
+def task_of(name: str):
+    """Candidate ``name`` as the built-in task object (what :func:`task_args` asks the recipe for)."""
+    from respo_trl.demo.tasks import ArithmeticTask
+
+    c = CANDIDATES[name]
+    return ArithmeticTask(min_terms=c["terms"], max_terms=c["terms"], min_operand=c["min_operand"],
+                          max_operand=c["max_operand"], operators="+", scratchpad=False, split_by="answer",
+                          test_fraction=0.2, validation_fraction=0.2)  # fmt: skip
+
+
+def task_args(name: str) -> list[str]:
+    """The recipe's arguments for candidate ``name``: the built-in task, its every problem, the stratified split."""
+    c = CANDIDATES[name]
+    return [
+        "--dataset_name", "builtin:arithmetic", "--task_operators", "+", "--task_min_terms", str(c["terms"]),
+        "--task_max_terms", str(c["terms"]), "--task_min_operand", str(c["min_operand"]),
+        "--task_max_operand", str(c["max_operand"]), "--task_scratchpad", "false", "--task_split_by", "answer",
+        "--task_test_fraction", "0.2", "--task_validation_fraction", "0.2", "--train_size", "None",
+        "--heldout_size", "None", "--prompt_template", TEMPLATE,
+    ]  # fmt: skip
+
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The runs
 # ---------------------------------------------------------------------------------------------------------------------
 
-# M = 2 prompts x G = 8 completions per update (the paper: 32 x 8): an update costs ~35-45 s of forward and backward
-# on one core, so a run of UPDATES fits in ~45 minutes.
+# M = 2 prompts x G = 8 completions per update (the paper: 32 x 8): an update costs ~55 s on one core (attempt 1's
+# records: 48 updates in 2,651 s of training), so a run of UPDATES fits in ~45 minutes. A constant learning rate from
+# the first update (attempt 1's first update ran at lr 0, a warm-up): k updates are k full updates.
 RL = [
     "--use_vllm", "false", "--reward_funcs", "last_integer_accuracy", "--num_generations", "8",
     "--per_device_train_batch_size", "16", "--gradient_accumulation_steps", "1",
     "--max_completion_length", str(MAX_TOKENS), "--temperature", str(TEMPERATURE), "--beta", "0.0",
-    "--lr_scheduler_type", "constant_with_warmup", "--warmup_steps", "2", "--weight_decay", "0.1",
+    "--lr_scheduler_type", "constant", "--warmup_steps", "0", "--weight_decay", "0.1",
     "--max_grad_norm", "1.0", "--eval_mode", "none", "--heldout_eval_steps", "0", "--logging_steps", "1",
     "--report_to", "none", "--use_cpu", "true", "--bf16", "false", "--dtype", "float32",
     "--activation_checkpointing", "false", "--dataloader_num_workers", "0", "--compact_progress", "true",
 ]  # fmt: skip
 UPDATES = 48
-GATE_LRS = (1e-5, 3e-5)
-GATE_N = (8, 16, 32)
-GATE_BAND = (0.15, 0.30)  # share of correct answers with log W < -1 at the stale end (the paper: 22.8%)
-MIN_GAIN = 0.10  # the on-policy run's validation accuracy must rise by 10 points
-PROBE_SAMPLES = 8  # base-policy completions per validation problem for the staleness probe (~1,200, ~55 correct)
+GATE_LRS = (1e-5, 2e-5)  # attempt 1: 1e-5 learned a little, 3e-5 ran every answer to the token limit
+GATE_N = (2, 4, 8, 16, 32)
+GATE_MIN_SHARE = 0.15  # pooled share of positives with log W < -1 over a cycle: at least this (the paper: 22.8%)
+PAPER_SHARE = 0.228
+HARSH_SHARE = 0.30  # above: a harsher regime than the paper's, labelled so
+MIN_GAIN = 0.10  # the on-policy run: validation accuracy up by 10 points,
+MIN_ABOVE_CONSTANT = 0.10  # ending 10 points above the best constant answer,
+MAX_END = 0.85  # and below 85% (a ceiling hides differences)
+PROBE_PROBLEMS, PROBE_SAMPLES = 96, 8  # base-policy completions for the staleness probe (~770, ~190 correct at 25%)
 LOSS = {
     "dapo": ["--loss_type", "dapo"],
     "vespo": ["--loss_type", "vespo"],
@@ -107,11 +141,8 @@ LOSS = {
 # The comparison's arms, in the order they run: the variant last (the arm to drop if the budget runs out).
 ARMS = ("dapo", "vespo", "respo", "onpolicy", "respo_negvespo")
 SEEDS = (1, 2, 3, 4)
-SMOKE = {"updates": 4, "n": (2,), "lrs": (1e-4,), "seeds": (1,), "eval_problems": 4, "probe_samples": 1}
-
-
-def sampling_args(template: str) -> list[str]:
-    return [*TASK, "--prompt_template", template]
+SMOKE = {"updates": 4, "n": (2,), "lrs": (1e-4,), "seeds": (1,), "eval_problems": 4, "probe_samples": 1,
+         "candidates": ("add2_30",), "task_problems": 2, "task_samples": 2}
 
 
 def run_name(kind: str, lr: float, n: int, seed: int) -> str:
@@ -123,12 +154,13 @@ def run_name(kind: str, lr: float, n: int, seed: int) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def split_rows(model: str, split: str, template: str, limit: int | None = None) -> dict:
-    """The task's ``split`` (every problem) as chat prompts and solutions, exactly as the recipe builds them."""
+def split_rows(model: str, split: str, task: str, limit: int | None = None) -> dict:
+    """Candidate ``task``'s ``split`` (every problem) as chat prompts and solutions, exactly as the recipe builds them
+    (which stops in one line on a re-ordered twin across splits or an answer distribution off its share)."""
     from respo_trl.recipe import build_datasets, parse_args
 
     heldout = "test" if split == "train" else split
-    argv = [*sampling_args(template), "--model_name_or_path", model, "--heldout_split", heldout, "--output_dir", "unused",
+    argv = [*task_args(task), "--model_name_or_path", model, "--heldout_split", heldout, "--output_dir", "unused",
             "--use_cpu", "true", "--bf16", "false"]
     script_args, _, _ = parse_args(argv)
     train, heldout = build_datasets(script_args)
@@ -221,7 +253,7 @@ def probe_reading(base_logps: list[float], logps: list[float], rewards: list, le
 
 def spec_fields(spec: dict) -> dict:
     """What decides a run's trajectory: a resumed run must have the same (:func:`check_resume`)."""
-    return {k: spec[k] for k in ("name", "arm", "lr", "N", "seed", "updates", "template", "argv")}
+    return {k: spec[k] for k in ("name", "arm", "lr", "N", "seed", "updates", "task", "argv")}
 
 
 def check_resume(output_dir: str, spec: dict) -> None:
@@ -251,6 +283,7 @@ def run_one(spec: dict) -> dict:
 
     output_dir = os.path.join(spec["work"], "scratch", spec["name"])
     check_resume(output_dir, spec)
+    first = run_started(output_dir)  # when and at which commit the run first started (a resumed run keeps them)
     resume, finished = resume_state(output_dir, spec["updates"])
     n = spec["N"]
     argv = [
@@ -262,21 +295,22 @@ def run_one(spec: dict) -> dict:
         *(["--resume_from_checkpoint", resume] if resume else []),
     ]  # fmt: skip
     script_args, training_args, model_args = recipe.parse_args(argv)
-    start = time.time()
+    start, commit = time.time(), code_commit()
     log_path = Path(spec["work"], "logs", spec["name"] + ".log")
     with open(log_path, "a" if resume or finished else "w") as log:
         report = train_logged((script_args, training_args, model_args), resume, finished, log)
         train_s = time.time() - start
         history = json.loads(Path(output_dir, "trainer_state.json").read_text())["log_history"]
         record = {
-            **spec_fields(spec), "kind": spec["kind"], "stage": spec["stage"],
+            **spec_fields(spec), "kind": spec["kind"], "stage": spec["stage"], "commit": first["commit"],
+            "started_at": first["started_at"], **({"resumed_at_commit": commit} if commit != first["commit"] else {}),
             "history": [{"step": h["step"], **{k: h[k] for k in HISTORY_KEYS if k in h}} for h in history if "loss" in h],
             "generated_tokens": report["training"]["generated_tokens"], "global_step": report["training"]["global_step"],
         }  # fmt: skip
         tokenizer = AutoTokenizer.from_pretrained(output_dir)
         if spec["evaluate"]:  # validation (gate) or test (comparison): once, at the end
             model = AutoModelForCausalLM.from_pretrained(output_dir)
-            rows = split_rows(spec["model"], spec["evaluate"], spec["template"], spec.get("eval_problems"))
+            rows = split_rows(spec["model"], spec["evaluate"], spec["task"], spec.get("eval_problems"))
             record[spec["evaluate"]] = evaluate(model, tokenizer, rows, spec["eval_samples"], seed=spec["seed"])
         if spec["save_at"]:  # the staleness probe: the base policy's samples scored by each checkpoint
             probe = json.loads(Path(spec["probe_path"]).read_text())
@@ -289,15 +323,36 @@ def run_one(spec: dict) -> dict:
     return write_record(record, spec, output_dir, start, train_s, resume, finished)
 
 
-def base_probe(args, template: str) -> Path:
-    """The base policy's completions on every validation problem, graded and scored by the base policy itself."""
+def code_commit() -> str:
+    """The commit the run's code is at (``-dirty`` when the working tree differs from it): every record names it."""
+    import subprocess
+
+    def git(*cmd):
+        return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    sha = git("rev-parse", "HEAD") or "unknown"
+    return sha + ("-dirty" if git("status", "--porcelain", "--untracked-files=no", "--", "respo_trl", "benchmarks") else "")
+
+
+def run_started(output_dir: str) -> dict:
+    """When and at which code commit a run first started, kept beside its settings (``run_start.json``): a resumed
+    run's record names both, and the commit it resumed at when that differs."""
+    path = Path(output_dir, "run_start.json")
+    if not path.exists():
+        path.write_text(json.dumps({"started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": code_commit()}))
+    return json.loads(path.read_text())
+
+
+def base_probe(args, task: str) -> Path:
+    """The base policy's completions on :data:`PROBE_PROBLEMS` validation problems, graded and scored by the base
+    policy itself (the staleness probe's reference)."""
     path = Path(args.work, "probe_base.json")
     if path.exists():
         return path
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model, tokenizer = AutoModelForCausalLM.from_pretrained(args.model), AutoTokenizer.from_pretrained(args.model)
-    rows = split_rows(args.model, "validation", template, SMOKE["eval_problems"] if args.smoke else None)
+    rows = split_rows(args.model, "validation", task, SMOKE["eval_problems"] if args.smoke else PROBE_PROBLEMS)
     samples = SMOKE["probe_samples"] if args.smoke else PROBE_SAMPLES
     probe = sample_for_probe(model, tokenizer, rows, samples, seed=0)
     probe["base_logps"] = sequence_logps(model, probe, tokenizer.pad_token_id)
@@ -310,64 +365,120 @@ def base_probe(args, template: str) -> Path:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def prompts_stage(args) -> dict:
-    """Stage 1: the base model on every validation problem under each template; the rule picks one."""
+def answer_baselines(model: str, task: str, split: str) -> dict:
+    """What answering without arithmetic scores on ``split`` (every problem): the best constant answer (the split's
+    most common sum) and a guess drawn from the training answers' distribution (``sum_a p_train(a) p_split(a)``)."""
+    import collections
+
+    train = collections.Counter(split_rows(model, "train", task)["solution"])
+    held = collections.Counter(split_rows(model, split, task)["solution"])
+    n_train, n_held = sum(train.values()), sum(held.values())
+    constant, count = max(held.items(), key=lambda kv: (kv[1], -int(kv[0])))
+    return {"problems": n_held, "best_constant_answer": constant, "best_constant": count / n_held,
+            "guess": sum(train[a] / n_train * c / n_held for a, c in held.items())}  # fmt: skip
+
+
+def tasks_stage(args) -> dict:
+    """Stage 1: the base model samples :data:`TASK_SAMPLES` completions of :data:`TASK_PROBLEMS` validation problems
+    of each candidate task at the run's temperature; :func:`choose_task` picks one."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from respo_trl.demo.tasks import answer_balance
+
     _init_worker()
-    path = Path(args.out, "prompts.json")
-    result = json.loads(path.read_text()) if path.exists() else {"templates": {}}
+    path = Path(args.out, "tasks.json")
+    result = json.loads(path.read_text()) if path.exists() else {"candidates": {}}
     model, tokenizer = AutoModelForCausalLM.from_pretrained(args.model), AutoTokenizer.from_pretrained(args.model)
-    for name, template in TEMPLATES.items():
-        if name in result["templates"]:
+    problems, samples = ((SMOKE["task_problems"], SMOKE["task_samples"]) if args.smoke else (TASK_PROBLEMS, TASK_SAMPLES))
+    for name in SMOKE["candidates"] if args.smoke else CANDIDATES:
+        if name in result["candidates"]:
             continue
         start = time.time()
-        rows = split_rows(args.model, "validation", template, SMOKE["eval_problems"] if args.smoke else None)
-        result["templates"][name] = {"template": template, **evaluate(model, tokenizer, rows, EVAL_SAMPLES, seed=0),
-                                     "seconds": time.time() - start}  # fmt: skip
+        splits = {s: split_rows(args.model, s, name) for s in ("train", "validation", "test")}  # checks the split
+        balance = answer_balance({s: task_of(name).expressions(s, None, seed=0) for s in splits})
+        rows = {k: v[:problems] for k, v in splits["validation"].items()}  # the split's own shuffled order
+        profile = sampling_profile_of(model, tokenizer, rows, samples)
+        per_prompt = profile.pop("per_prompt_accuracy")
+        result["candidates"][name] = {
+            **CANDIDATES[name], "split_sizes": {s: len(r["prompt"]) for s, r in splits.items()},
+            "answer_balance": balance, **profile, "problems_sampled": len(per_prompt),
+            "mixed_groups": sum(0 < a < 1 for a in per_prompt) / len(per_prompt),
+            "all_wrong_groups": sum(a == 0 for a in per_prompt) / len(per_prompt),
+            **{f"validation_{k}": v for k, v in answer_baselines(args.model, name, "validation").items()},
+            "seconds": time.time() - start,
+        }  # fmt: skip
         Path(args.out).mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=1))
-        r = result["templates"][name]
-        print(f"  {name}: {100 * r['accuracy']:.1f}% right, {r['mean_length']:.0f} tokens ({r['seconds']:.0f} s)", flush=True)
-    result["chosen"] = choose_template(result["templates"])
+        r = result["candidates"][name]
+        print(f"  {name}: {100 * r['accuracy']:.1f}% right, {100 * r['mixed_groups']:.0f}% of groups mixed, "
+              f"{r['mean_length']:.0f} tokens, best constant {100 * r['validation_best_constant']:.1f}% "
+              f"({r['seconds']:.0f} s)", flush=True)  # fmt: skip
+    result["rule"] = {"accuracy": TASK_ACCURACY, "baseline_ratio": TASK_BASELINE_RATIO, "mixed": TASK_MIXED,
+                      "min_length": TASK_MIN_LENGTH, "problems": problems, "samples": samples}  # fmt: skip
+    result["reading"] = {name: task_checks(r) for name, r in result["candidates"].items()}
+    result["chosen"] = choose_task(result["candidates"])
     path.write_text(json.dumps(result, indent=1))
     print(f"chosen: {result['chosen']}")
+    if result["chosen"] is None:
+        raise SystemExit(f"no candidate task passes the rule ({path}): nothing to gate")
     return result
 
 
-def choose_template(templates: dict) -> str:
-    """The rule, fixed before the measurement: the most accurate template whose mean answer is >= MIN_LENGTH tokens."""
-    long_enough = {k: v for k, v in templates.items() if v["mean_length"] >= MIN_LENGTH}
-    if not long_enough:
-        raise SystemExit(f"no template gives answers of {MIN_LENGTH}+ tokens on average: {templates}")
-    return max(long_enough, key=lambda k: long_enough[k]["accuracy"])
+def sampling_profile_of(model, tokenizer, rows: dict, samples: int) -> dict:
+    """The base model's sampled accuracy, length and entropy on ``rows`` (the training reward, temperature, budget)."""
+    from respo_trl.recipe.generation import sampling_profile
+    from respo_trl.rewards import last_integer_accuracy_reward
+
+    return sampling_profile(model, tokenizer, rows["prompt"], rows["solution"], max_new_tokens=MAX_TOKENS,
+                            samples_per_prompt=samples, temperature=TEMPERATURE, batch_size=32, seed=0,
+                            reward_fn=last_integer_accuracy_reward)  # fmt: skip
 
 
-def chosen_template(args) -> str:
-    path = Path(args.out, "prompts.json")
-    if not path.exists() or "chosen" not in json.loads(path.read_text()):
-        raise SystemExit(f"no prompt chosen yet ({path}): run the prompts stage first")
-    return TEMPLATES[json.loads(path.read_text())["chosen"]]
+def task_checks(r: dict) -> dict:
+    """Each condition of the task rule, on one candidate's measurements."""
+    return {
+        "accuracy_in_range": TASK_ACCURACY[0] <= r["accuracy"] <= TASK_ACCURACY[1],
+        "above_constant": r["accuracy"] >= TASK_BASELINE_RATIO * r["validation_best_constant"],
+        "above_guess": r["accuracy"] >= TASK_BASELINE_RATIO * r["validation_guess"],
+        "mixed_groups": r["mixed_groups"] >= TASK_MIXED,
+        "long_enough": r["mean_length"] >= TASK_MIN_LENGTH,
+    }
 
 
-def common_spec(args, template: str) -> dict:
-    return {"model": args.model, "template": template, "argv": [*sampling_args(template), *RL], "work": args.work,
+def choose_task(candidates: dict) -> str | None:
+    """The rule, fixed before the measurement: of the candidates meeting every condition of :func:`task_checks`, the
+    one with the longest mean answer (staleness moves ``W`` through long answers); None when none does."""
+    passing = [name for name, r in candidates.items() if all(task_checks(r).values())]
+    return max(passing, key=lambda name: candidates[name]["mean_length"]) if passing else None
+
+
+def chosen_task(args) -> str:
+    path = Path(args.out, "tasks.json")
+    chosen = json.loads(path.read_text()).get("chosen") if path.exists() else None
+    if chosen is None:
+        raise SystemExit(f"no task chosen ({path} {'names none' if path.exists() else 'is missing'}): run the tasks "
+                         "stage first")  # fmt: skip
+    return chosen
+
+
+def common_spec(args, task: str) -> dict:
+    return {"model": args.model, "task": task, "argv": [*task_args(task), *RL], "work": args.work,
             "eval_samples": EVAL_SAMPLES, **({"eval_problems": SMOKE["eval_problems"]} if args.smoke else {})}  # fmt: skip
 
 
-def gate_specs(args, template: str) -> list[dict]:
+def gate_specs(args, task: str) -> list[dict]:
     lrs, ns = (SMOKE["lrs"], SMOKE["n"]) if args.smoke else (GATE_LRS, GATE_N)
     updates = SMOKE["updates"] if args.smoke else UPDATES
     stale_n = max(ns)
     specs = []
     for lr in lrs:
-        specs.append({**common_spec(args, template), "name": run_name("gate_stale", lr, stale_n, 1), "kind": "stale",
+        specs.append({**common_spec(args, task), "name": run_name("gate_stale", lr, stale_n, 1), "kind": "stale",
                       "stage": "gate", "arm": "dapo", "lr": lr, "N": stale_n, "seed": 1, "updates": stale_n,
                       "save_at": [n - 1 for n in ns], "evaluate": None, "probe_path": str(Path(args.work, "probe_base.json")),
-                      "argv": [*common_spec(args, template)["argv"], *LOSS["dapo"]]})  # fmt: skip
-        specs.append({**common_spec(args, template), "name": run_name("gate_onpolicy", lr, 1, 1), "kind": "onpolicy",
+                      "argv": [*common_spec(args, task)["argv"], *LOSS["dapo"]]})  # fmt: skip
+        specs.append({**common_spec(args, task), "name": run_name("gate_onpolicy", lr, 1, 1), "kind": "onpolicy",
                       "stage": "gate", "arm": "dapo", "lr": lr, "N": 1, "seed": 1, "updates": updates, "save_at": [],
-                      "evaluate": "validation", "argv": [*common_spec(args, template)["argv"], *LOSS["dapo"]]})  # fmt: skip
+                      "evaluate": "validation", "argv": [*common_spec(args, task)["argv"], *LOSS["dapo"]]})  # fmt: skip
     return specs
 
 
@@ -422,72 +533,142 @@ def load_runs(folder: Path) -> dict[str, dict]:
 
 
 def gate_stage(args) -> dict:
-    template = chosen_template(args)
-    base_probe(args, template)
-    base = base_validation(args, template)
+    task = chosen_task(args)
+    base_probe(args, task)
+    base = base_validation(args, task)
     print(f"base model on validation: {100 * base['accuracy']:.1f}% (avg@{EVAL_SAMPLES})", flush=True)
-    specs = gate_specs(args, template)
+    specs = gate_specs(args, task)
     run_all(args, specs, Path(args.out, "gate"))
     return write_gate(args, specs)
 
 
-def base_validation(args, template: str) -> dict:
-    """The pretrained model's validation accuracy with the chosen template (the prompts stage measured it)."""
-    prompts = json.loads(Path(args.out, "prompts.json").read_text())
-    return prompts["templates"][prompts["chosen"]]
+def base_validation(args, task: str) -> dict:
+    """The pretrained model on every validation problem (avg@2 at the run's temperature, as the on-policy runs are
+    scored), with the answer baselines of the same problems; measured once, kept in ``base_validation.json``."""
+    path = Path(args.out, "base_validation.json")
+    if path.exists():
+        stored = json.loads(path.read_text())
+        if stored.get("task") == task:
+            return stored
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(args.model), AutoTokenizer.from_pretrained(args.model)
+    rows = split_rows(args.model, "validation", task, SMOKE["eval_problems"] if args.smoke else None)
+    result = {"task": task, **evaluate(model, tokenizer, rows, EVAL_SAMPLES, seed=1),
+              **answer_baselines(args.model, task, "validation")}  # fmt: skip
+    path.write_text(json.dumps(result, indent=1))
+    return result
 
 
-def gate_reading(specs: list[dict], runs: dict[str, dict], base_accuracy: float) -> dict:
-    """The rule of docs/benchmarks/smollm2_staleness.md (section 3), applied. A setting ``(N, lr)`` passes when the
-    share of correct completions with ``log W < -1`` at ``k = N - 1`` lies in :data:`GATE_BAND` and the on-policy run
-    at that lr gains at least :data:`MIN_GAIN` in validation accuracy. Of the passing settings, the one whose share
-    is nearest the paper's 22.8% is chosen (ties: the larger ``N``, then the smaller lr). Stops in one line while a run is missing."""
+def wilson(successes: float, n: float, z: float = 1.96) -> list[float] | None:
+    """The 95% Wilson score interval of a binomial share (None for n = 0): honest at small counts and near 0 or 1."""
+    if not n:
+        return None
+    p = successes / n
+    centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [max(0.0, centre - half), min(1.0, centre + half)]
+
+
+def pooled_first_cycle(history: list[dict], n: int) -> dict:
+    """The paper's positive-branch statistic over the first ``n`` mini-batches of a run's first cycle (staleness
+    ``k = 0 .. n - 1``): positives with ``log W < -1`` over all positives, summed over the trainer's per-step counts,
+    with its Wilson interval. Exact for a run at ``N = n``'s first cycle: its mini-batch ``k`` is sampled by the same
+    policy and met after the same ``k`` updates."""
+    rows = [h for h in history if 1 <= h["step"] <= n]
+    positives = sum(h.get("starvation/low_weight_pos/n", 0.0) or 0.0 for h in rows)
+    low = sum(h.get("starvation/low_weight_pos/n_low", 0.0) or 0.0 for h in rows)
+    return {"n_pos": positives, "n_low": low, "share": low / positives if positives else None,
+            "interval": wilson(low, positives), "updates": len(rows)}  # fmt: skip
+
+
+def gate_reading(specs: list[dict], runs: dict[str, dict], base: dict) -> dict:
+    """The rule of docs/benchmarks/smollm2_staleness.md (section 6.2), applied. A learning rate *learns* when its
+    on-policy run gains at least :data:`MIN_GAIN` of validation accuracy over the base model, ends at least
+    :data:`MIN_ABOVE_CONSTANT` above the best constant answer and below :data:`MAX_END`. A setting ``(N, lr)`` passes
+    when its lr learns and the pooled share of positives with ``log W < -1`` over the first cycle's ``N`` mini-batches
+    is at least :data:`GATE_MIN_SHARE`; the chosen one is nearest the paper's 22.8% (ties: the larger ``N``, then
+    the smaller lr), labelled harsher than the paper's above :data:`HARSH_SHARE`. If a learning rate learns but no
+    setting reaches the share, the comparison runs at ``N = 32`` at the learning lr (the smaller if both learn),
+    labelled below the paper's regime. Stops in one line while a run is missing."""
     missing = [s["name"] for s in specs if s["name"] not in runs]
     if missing:
         raise SystemExit(f"the gate cannot be read: {len(missing)} of its runs have not finished ({', '.join(missing)})")
-    settings = []
+    learning, settings = {}, []
+    for spec in specs:
+        if spec["kind"] != "onpolicy":
+            continue
+        end = runs[spec["name"]]["validation"]["accuracy"]
+        gain = end - base["accuracy"]
+        learning[spec["lr"]] = {"end": end, "gain": gain, "gains_enough": gain >= MIN_GAIN,
+                                "above_constant": end - base["best_constant"] >= MIN_ABOVE_CONSTANT,
+                                "below_ceiling": end < MAX_END}  # fmt: skip
+        learning[spec["lr"]]["learns"] = all(v for k, v in learning[spec["lr"]].items() if k not in ("end", "gain"))
     for spec in specs:
         if spec["kind"] != "stale":
             continue
-        onpolicy = runs[run_name("gate_onpolicy", spec["lr"], 1, 1)]
-        gain = onpolicy["validation"]["accuracy"] - base_accuracy
-        for k, reading in runs[spec["name"]]["probe"].items():
-            share = reading["share_pos"]
-            in_band = share is not None and GATE_BAND[0] <= share <= GATE_BAND[1]
-            settings.append({"N": int(k) + 1, "lr": spec["lr"], "share_pos": share, "n_pos": reading["n_pos"],
-                             "share_all": reading["share_all"], "kl_per_token": reading["kl_per_token"],
-                             "onpolicy_gain": gain, "in_band": in_band, "learns": gain >= MIN_GAIN,
-                             "passes": in_band and gain >= MIN_GAIN})  # fmt: skip
+        run, learns = runs[spec["name"]], learning[spec["lr"]]["learns"]
+        for n in sorted({int(k) + 1 for k in run["probe"]}):
+            pooled = pooled_first_cycle(run["history"], n)
+            probe = run["probe"][str(n - 1)]
+            reaches = pooled["share"] is not None and pooled["share"] >= GATE_MIN_SHARE
+            settings.append({"N": n, "lr": spec["lr"], "pooled": pooled, "share_pos": pooled["share"],
+                             "stale_end_share_pos": probe["share_pos"], "stale_end_n_pos": probe["n_pos"],
+                             "stale_end_interval": None if probe["share_pos"] is None
+                             else wilson(probe["share_pos"] * probe["n_pos"], probe["n_pos"]),
+                             "stale_end_share_all": probe["share_all"], "kl_per_token": probe["kl_per_token"],
+                             "onpolicy_learns": learns, "reaches_share": reaches, "passes": learns and reaches})  # fmt: skip
     passing = [s for s in settings if s["passes"]]
-    chosen = min(passing, key=lambda s: (abs(s["share_pos"] - 0.228), -s["N"], s["lr"])) if passing else None
-    return {"band": GATE_BAND, "min_gain": MIN_GAIN, "base_validation": base_accuracy, "settings": settings,
-            "chosen": chosen, "passed": chosen is not None}  # fmt: skip
+    chosen, label = None, None
+    if passing:
+        chosen = min(passing, key=lambda s: (abs(s["share_pos"] - PAPER_SHARE), -s["N"], s["lr"]))
+        label = "harsher than the paper's regime" if chosen["share_pos"] > HARSH_SHARE else "in the paper's regime"
+    elif any(v["learns"] for v in learning.values()):
+        lr = min(lr for lr, v in learning.items() if v["learns"])
+        chosen = next((s for s in settings if s["lr"] == lr and s["N"] == max(x["N"] for x in settings)), None)
+        label = "below the paper's regime"
+    return {"rule": {"min_share": GATE_MIN_SHARE, "paper_share": PAPER_SHARE, "harsh_share": HARSH_SHARE,
+                     "min_gain": MIN_GAIN, "min_above_constant": MIN_ABOVE_CONSTANT, "max_end": MAX_END},
+            "base_validation": base, "onpolicy": {f"{lr:g}": v for lr, v in learning.items()}, "settings": settings,
+            "chosen": chosen and {"N": chosen["N"], "lr": chosen["lr"], "share_pos": chosen["share_pos"], "label": label},
+            "passed": chosen is not None}  # fmt: skip
 
 
 def plot_gate(reading: dict, path: Path) -> Path:
-    """The gate at a glance: the share of correct (and of all) base-policy completions below log W = -1 against the
-    updates since sampling, per learning rate, the band shaded; and each lr's on-policy gain against the bar."""
+    """The gate at a glance: the pooled share of positives below log W = -1 against N (with its interval) and the
+    probe's stale-end share beside it, per learning rate, the bar shaded; and each lr's on-policy validation accuracy
+    against the base model and the best constant answer."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [2, 1]})
-    left.axhspan(100 * GATE_BAND[0], 100 * GATE_BAND[1], color="tab:green", alpha=0.12, label="the gate's band")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [2, 1]})
+    left.axhspan(100 * GATE_MIN_SHARE, 100 * HARSH_SHARE, color="tab:green", alpha=0.12, label="15-30% (paper: 22.8%)")
+    left.axhline(100 * PAPER_SHARE, color="tab:green", lw=0.8)
     lrs = sorted({s["lr"] for s in reading["settings"]})
-    for color, lr in zip(("tab:blue", "tab:red", "tab:purple"), lrs):
+    for i, (color, lr) in enumerate(zip(("tab:blue", "tab:red", "tab:purple"), lrs)):
         rows = sorted((s for s in reading["settings"] if s["lr"] == lr), key=lambda s: s["N"])
-        ks = [s["N"] - 1 for s in rows]
-        left.plot(ks, [100 * (s["share_pos"] or 0) for s in rows], "o-", color=color, label=f"correct, lr {lr:g}")
-        left.plot(ks, [100 * s["share_all"] for s in rows], "s--", color=color, alpha=0.5, label=f"all, lr {lr:g}")
-    left.set(xlabel="dapo updates since the base policy sampled (k = N - 1)", ylabel="% with log W < -1",
-             title="staleness probe (validation)", xticks=[s["N"] - 1 for s in reading["settings"]])  # fmt: skip
-    left.legend(fontsize=8)
-    gains = {s["lr"]: s["onpolicy_gain"] for s in reading["settings"]}
-    right.bar([f"{lr:g}" for lr in lrs], [100 * gains[lr] for lr in lrs], color="tab:gray")
-    right.axhline(100 * MIN_GAIN, color="k", ls=":", label="the gate's bar")
-    right.set(xlabel="learning rate", ylabel="validation accuracy gain (points)", title="on-policy run learns?")
-    right.legend(fontsize=8)
+        ns = [s["N"] * (1 + 0.04 * i) for s in rows]
+        shares = [100 * (s["share_pos"] or 0) for s in rows]
+        err = [[100 * ((s["share_pos"] or 0) - s["pooled"]["interval"][0]) if s["pooled"]["interval"] else 0 for s in rows],
+               [100 * (s["pooled"]["interval"][1] - (s["share_pos"] or 0)) if s["pooled"]["interval"] else 0 for s in rows]]
+        left.errorbar(ns, shares, yerr=err, fmt="o-", color=color, capsize=3, label=f"pooled over the cycle, lr {lr:g}")
+        left.plot(ns, [100 * (s["stale_end_share_pos"] or 0) for s in rows], "s--", color=color, alpha=0.5,
+                  label=f"probe, stale end (k = N - 1), lr {lr:g}")  # fmt: skip
+    left.set_xscale("log", base=2)
+    left.set(xlabel="staleness N (updates per rollout batch)", ylabel="% of positives with log W < -1",
+             title="dapo, first cycle (validation task)", xticks=sorted({s["N"] for s in reading["settings"]}))  # fmt: skip
+    left.set_xticklabels([str(n) for n in sorted({s["N"] for s in reading["settings"]})])
+    left.legend(fontsize=7)
+    base = reading["base_validation"]
+    ends = {float(lr): v["end"] for lr, v in reading["onpolicy"].items()}
+    right.bar([f"{lr:g}" for lr in sorted(ends)], [100 * ends[lr] for lr in sorted(ends)], color="tab:gray",
+              label="on-policy, after")  # fmt: skip
+    right.axhline(100 * base["accuracy"], color="k", ls="-", lw=0.8, label="base model")
+    right.axhline(100 * (base["accuracy"] + MIN_GAIN), color="k", ls=":", label="base + 10 (the bar)")
+    right.axhline(100 * base["best_constant"], color="tab:orange", ls="--", label="best constant answer")
+    right.set(xlabel="learning rate", ylabel="validation accuracy (%, avg@2)", title="does on-policy RL learn?")
+    right.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -496,15 +677,19 @@ def plot_gate(reading: dict, path: Path) -> Path:
 
 def write_gate(args, specs: list[dict]) -> dict:
     runs = load_runs(Path(args.out, "gate"))
-    template = chosen_template(args)
-    reading = gate_reading(specs, runs, base_validation(args, template)["accuracy"])
+    task = chosen_task(args)
+    reading = gate_reading(specs, runs, base_validation(args, task))
+    reading["task"] = task
     Path(args.out, "gate.json").write_text(json.dumps(reading, indent=1))
     plot_gate(reading, Path(args.out, "gate.png"))
+    for lr, v in reading["onpolicy"].items():
+        print(f"  on-policy lr={lr}: validation {100 * v['end']:.1f}% ({100 * v['gain']:+.1f} points): "
+              f"{'learns' if v['learns'] else 'does not learn'}")  # fmt: skip
     for s in reading["settings"]:
         share = "n/a" if s["share_pos"] is None else f"{100 * s['share_pos']:.1f}%"
-        print(f"  N={s['N']:>2} lr={s['lr']:g}: {share} of {s['n_pos']} correct low-W, on-policy gain "
-              f"{100 * s['onpolicy_gain']:+.1f} points: {'passes' if s['passes'] else 'fails'}")  # fmt: skip
-    print(f"gate: {'passed, ' + json.dumps(reading['chosen']) if reading['passed'] else 'no setting passed'}")
+        print(f"  N={s['N']:>2} lr={s['lr']:g}: pooled {share} of {s['pooled']['n_pos']:.0f} positives low-W: "
+              f"{'passes' if s['passes'] else 'fails'}")  # fmt: skip
+    print(f"gate: {json.dumps(reading['chosen']) if reading['passed'] else 'no setting: on-policy RL learns at no lr'}")
     return reading
 
 
@@ -526,12 +711,12 @@ def read_gate(args) -> dict:
         raise SystemExit(f"the gate has not been read ({path} is missing): run the gate stage first")
     gate = json.loads(path.read_text())
     if not gate["passed"]:
-        raise SystemExit("the gate did not pass: no setting is in the paper's regime here, so nothing is compared "
+        raise SystemExit("the gate chose no setting (on-policy RL learns at no learning rate), so nothing is compared "
                          f"(docs/benchmarks/smollm2_staleness.md; {path})")  # fmt: skip
     return gate
 
 
-def compare_specs(args, template: str, gate: dict, arms=ARMS, seeds=None) -> list[dict]:
+def compare_specs(args, task: str, gate: dict, arms=ARMS, seeds=None) -> list[dict]:
     """Seed-major for the four main arms (a partial result pairs), then the variant's seeds: the arm to drop if the
     budget runs out runs last."""
     seeds = seeds or (SMOKE["seeds"] if args.smoke else SEEDS)
@@ -543,15 +728,18 @@ def compare_specs(args, template: str, gate: dict, arms=ARMS, seeds=None) -> lis
     for arm, seed in order:
         loss = LOSS["dapo"] if arm == "onpolicy" else LOSS[arm]  # N = 1: W = 1, every kernel is the plain gradient
         arm_n = 1 if arm == "onpolicy" else n
-        specs.append({**common_spec(args, template), "name": f"{arm}_s{seed}", "kind": arm, "stage": "compare",
+        specs.append({**common_spec(args, task), "name": f"{arm}_s{seed}", "kind": arm, "stage": "compare",
                       "arm": arm, "lr": lr, "N": arm_n, "seed": seed, "updates": updates, "save_at": [],
-                      "evaluate": "test", "argv": [*common_spec(args, template)["argv"], *loss]})  # fmt: skip
+                      "evaluate": "test", "argv": [*common_spec(args, task)["argv"], *loss]})  # fmt: skip
     return specs
 
 
 def compare_stage(args) -> dict:
     gate = read_gate(args)
-    specs = compare_specs(args, chosen_template(args), gate, arms=args.arms or ARMS, seeds=args.seeds)
+    task = chosen_task(args)
+    if gate.get("task") != task:
+        raise SystemExit(f"the gate was read on task {gate.get('task')!r}, not on the chosen {task!r}: rerun gate-read")
+    specs = compare_specs(args, task, gate, arms=args.arms or ARMS, seeds=args.seeds)
     run_all(args, specs, Path(args.out, "arms"))
     return write_summary(args)
 
@@ -566,10 +754,25 @@ def run_row(run: dict) -> dict:
         "test_mean_length": run.get("test", {}).get("mean_length"),
         "low_w_share": pooled["share"] if pooled["n"] else None, "low_w_n_pos": pooled["n"],
         "low_w_share_stale_end": end["share"] if end and end["n"] else None,
+        "low_w_share_by_cycle": [_pooled(c)["share"] if _pooled(c)["n"] else None for c in cycles(run)],
+        "frac_reward_zero_std": mean_of(run["history"], "frac_reward_zero_std"),
         "cycle_kl": per_update_kl(run)["cycle"] if n > 1 else None, "pos_neg_ratio": pos_neg_weight_ratio(run),
         "generated_tokens": run["generated_tokens"], "wall_s": run["wall_s"], "train_s": run["train_s"],
         "resumed_from_step": run.get("resumed_from_step"),
     }  # fmt: skip
+
+
+def cycles(run: dict) -> list[list[dict]]:
+    """The logged updates of each reuse cycle (``N`` updates on one rollout batch), in order; empty under N = 1."""
+    n = run["N"]
+    if n == 1:
+        return []
+    return [[h for h in run["history"] if c * n < h["step"] <= (c + 1) * n] for c in range(run["updates"] // n)]
+
+
+def mean_of(rows: list[dict], key: str) -> float | None:
+    values = [h[key] for h in rows if h.get(key) is not None]
+    return statistics.fmean(values) if values else None
 
 
 def rule_reading(diff: dict) -> str:
@@ -684,7 +887,7 @@ def markdown(summary: dict) -> str:
 
 def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=["prompts", "gate", "gate-read", "compare", "summary"])
+    parser.add_argument("stage", choices=["tasks", "gate", "gate-read", "compare", "summary"])
     parser.add_argument("--model", default=str(ROOT / MODEL), help="the converted SmolLM2 checkpoint")
     parser.add_argument("--out", default=str(OUT), help="where the JSON, tables and plot go (committed)")
     parser.add_argument("--work", default=None, help="checkpoints and logs (default: OUT/../smollm2_staleness-work)")
@@ -701,12 +904,12 @@ def main(argv=None):
     args = parse(argv)
     for folder in (args.out, args.work):
         Path(folder).mkdir(parents=True, exist_ok=True)
-    if args.stage == "prompts":
-        return prompts_stage(args)
+    if args.stage == "tasks":
+        return tasks_stage(args)
     if args.stage == "gate":
         return gate_stage(args)
     if args.stage == "gate-read":
-        return write_gate(args, gate_specs(args, chosen_template(args)))
+        return write_gate(args, gate_specs(args, chosen_task(args)))
     if args.stage == "compare":
         return compare_stage(args)
     return write_summary(args)

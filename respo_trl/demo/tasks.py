@@ -31,12 +31,21 @@ every step, as long temperature-1 reasoning does::
 
 from __future__ import annotations
 
+import collections
+import functools
+import itertools
+import math
 import random
 import zlib
 from dataclasses import dataclass
 
 SPLITS = ("train", "validation", "test")
-SPLIT_BY = ("expression", "canonical")
+SPLIT_BY = ("expression", "canonical", "answer")
+# The largest task space ``split_by="answer"`` enumerates (canonical forms) to stratify it.
+MAX_STRATIFIED_FORMS = 200_000
+# How many distinct problems a split may hold above or below its share of an answer's before check_answer_balance
+# stops: the whole splits of a stratified task are within a form or two of it (tests/test_tasks.py).
+ANSWER_BALANCE_TOLERANCE = 2.0
 # The teacher's free choices under `nuisance=True`: none of them changes the boxed answer (math-verify grades that).
 NUISANCE_SEPARATORS = (",", ";", " ", "|")
 NUISANCE_NOTE = "!"
@@ -81,6 +90,8 @@ class ArithmeticTask:
             raise ValueError(f"validation_fraction must be in [0, 1 - test_fraction), got {self.validation_fraction}")
         if self.split_by not in SPLIT_BY:
             raise ValueError(f"split_by must be one of {SPLIT_BY}, got {self.split_by!r}")
+        if self.split_by == "answer" and self.operators != "+":
+            raise ValueError("split_by='answer' stratifies sums only: it needs operators='+' (--task_operators +)")
         if not 0.0 <= self.teacher_error_rate <= 1.0:
             raise ValueError(f"teacher_error_rate must be in [0, 1], got {self.teacher_error_rate}")
         if not self.operators or set(self.operators) - set("+-"):
@@ -116,7 +127,11 @@ class ArithmeticTask:
     def split_of(self, expression: str) -> str:
         """The split whose hash buckets hold ``expression`` (its canonical form's, with ``split_by="canonical"``):
         ``"test"`` for the first ``test_fraction`` of buckets, ``"validation"`` for the next ``validation_fraction``,
-        ``"train"`` for the rest. With ``validation_fraction=0`` the test buckets are the demo's as they always were."""
+        ``"train"`` for the rest. With ``validation_fraction=0`` the test buckets are the demo's as they always were.
+        With ``split_by="answer"`` the canonical forms are stratified by answer (:func:`answer_strata`)."""
+        if self.split_by == "answer":
+            return answer_strata(self.min_terms, self.max_terms, self.min_operand, self.max_operand,
+                                 self.test_fraction, self.validation_fraction)[canonical(expression)]  # fmt: skip
         key = canonical(expression) if self.split_by == "canonical" else expression
         bucket = zlib.crc32(key.encode()) % 10_000
         if bucket < self.test_fraction * 10_000:
@@ -288,6 +303,70 @@ def canonical(expression: str) -> str:
             number += char
     terms.append(f"{sign}{int(number)}")
     return "".join(sorted(terms))
+
+
+@functools.lru_cache(maxsize=8)
+def answer_strata(min_terms: int, max_terms: int, min_operand: int, max_operand: int, test_fraction: float,
+                  validation_fraction: float) -> dict[str, str]:  # fmt: skip
+    """Canonical form -> split for sums (``split_by="answer"``): the problems are grouped by canonical form (so a
+    re-ordered twin is always in its problem's split) and the forms, sorted by answer and then by CRC32 hash, are dealt
+    one by one to the split furthest behind its share (test, validation, train). Every run of forms with one answer is
+    then cut in proportion to within a form or two, and the rounding does not pile up on one split, so train,
+    validation and test share their answer distribution."""
+    count = sum(math.comb(max_operand - min_operand + t, t) for t in range(min_terms, max_terms + 1))
+    if count > MAX_STRATIFIED_FORMS:
+        raise ValueError(f"split_by='answer' would enumerate {count:,} canonical forms (at most "
+                         f"{MAX_STRATIFIED_FORMS:,}): use split_by='canonical' for a space this large")  # fmt: skip
+    by_answer: dict[int, list[str]] = {}
+    for terms in range(min_terms, max_terms + 1):
+        for values in itertools.combinations_with_replacement(range(min_operand, max_operand + 1), terms):
+            by_answer.setdefault(sum(values), []).append(canonical("+".join(map(str, values))))
+    shares = {"test": test_fraction, "validation": validation_fraction, "train": 1.0 - test_fraction - validation_fraction}
+    dealt = dict.fromkeys(shares, 0)
+    out, j = {}, 0
+    for answer in sorted(by_answer):  # one deal over the forms sorted by (answer, hash): every answer gets its share
+        for key in sorted(by_answer[answer], key=lambda key: (zlib.crc32(key.encode()), key)):
+            j += 1
+            split = max(shares, key=lambda name: shares[name] * j - dealt[name])  # the split furthest behind its share
+            dealt[split] += 1
+            out[key] = split
+    return out
+
+
+def answer_balance(splits: dict[str, list[str]]) -> dict[str, dict]:
+    """How far each held-out split's answers are from their share, over distinct problems (canonical forms): for
+    each answer ``a`` with ``n(a)`` forms over all the given splits, a split holding a share ``f`` of every form
+    should hold ``f n(a)`` of them. Per split other than ``train``: the largest deviation in forms and its answer,
+    and the total variation distance from train's answer distribution (0: the same, 1: no answer in common)."""
+    forms = {name: {canonical(e): ArithmeticTask.answer(e) for e in expressions} for name, expressions in splits.items()}
+    counts = {name: collections.Counter(f.values()) for name, f in forms.items()}
+    total = sum(len(f) for f in forms.values())
+    everything = sum(counts.values(), collections.Counter())
+    out = {}
+    for name in splits:
+        if name == "train" or not forms[name]:
+            continue
+        share = len(forms[name]) / total
+        worst = max(everything, key=lambda a: (abs(counts[name][a] - share * everything[a]), -a))
+        train, held = counts["train"], counts[name]
+        n_train, n_held = sum(train.values()), sum(held.values())
+        tv = 0.5 * sum(abs(train[a] / n_train - held[a] / n_held) for a in everything)
+        out[name] = {"max_deviation": abs(held[worst] - share * everything[worst]), "answer": worst,
+                     "forms": held[worst], "expected": share * everything[worst], "total_variation": tv}  # fmt: skip
+    return out
+
+
+def check_answer_balance(splits: dict[str, list[str]], tolerance: float = ANSWER_BALANCE_TOLERANCE) -> None:
+    """Stop, in one line, if a held-out split holds some answer's problems more than ``tolerance`` forms away from
+    its share (the whole splits of a ``split_by="answer"`` task are within a form or two by construction), naming the
+    split, the answer and both counts."""
+    for name, b in answer_balance(splits).items():
+        if b["max_deviation"] > tolerance:
+            raise ValueError(
+                f"answer distributions differ: {name} has {b['forms']} problems whose answer is {b['answer']} where "
+                f"its share is {b['expected']:.1f} (tolerance {tolerance:g}); stratify the split by answer "
+                "(--task_split_by answer)"
+            )
 
 
 def check_disjoint(splits: dict[str, list[str]]) -> None:

@@ -117,8 +117,9 @@ class RecipeArguments:
         default="expression",
         metadata={
             "help": "Built-in task: what the train/validation/test hash split is taken of. 'canonical': the problem's "
-            "signed terms sorted, so no split holds a re-ordered twin (b+a for a+b) of another's problem.",
-            "choices": ["expression", "canonical"],
+            "signed terms sorted, so no split holds a re-ordered twin (b+a for a+b) of another's problem. 'answer' "
+            "(sums only): canonical forms stratified by answer, so the splits also share their answer distribution.",
+            "choices": ["expression", "canonical", "answer"],
         },
     )
     task_test_fraction: float = field(default=0.1, metadata={"help": "Built-in task: share of problems held out for test."})

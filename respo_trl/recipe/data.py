@@ -101,7 +101,7 @@ def build_datasets(script_args: RecipeArguments):
     if "{problem}" not in template:
         raise RecipeError(f"prompt_template {template!r} has no {{problem}} placeholder")
     if script_args.dataset_name.startswith(BUILTIN_PREFIX):
-        from respo_trl.demo.tasks import ArithmeticTask, check_disjoint
+        from respo_trl.demo.tasks import ArithmeticTask, check_answer_balance, check_disjoint
 
         task = ArithmeticTask.from_settings(script_args)
         try:
@@ -109,9 +109,12 @@ def build_datasets(script_args: RecipeArguments):
             heldout = task.rows(script_args.heldout_split, script_args.heldout_size, seed=script_args.task_seed)
             # a split made to choose settings on (validation) or promised clean (canonical) is checked on what the
             # run will see: a held-out b+a whose a+b is trained on is not held out
-            if task.split_by == "canonical" or task.validation_fraction:
-                problems = lambda rows: [p[-1]["content"] for p in rows["prompt"]]  # noqa: E731
+            problems = lambda rows: [p[-1]["content"] for p in rows["prompt"]]  # noqa: E731
+            if task.split_by != "expression" or task.validation_fraction:
                 check_disjoint({"train": problems(train), script_args.heldout_split: problems(heldout)})
+            whole = script_args.train_size is None and script_args.heldout_size is None
+            if task.split_by == "answer" and whole:  # promised: held-out answers distributed as the training ones
+                check_answer_balance({"train": problems(train), script_args.heldout_split: problems(heldout)})
         except ValueError as error:
             raise RecipeError(str(error)) from error
         for rows in (train, heldout):  # the task's one user turn is the problem: the template and system turn apply
