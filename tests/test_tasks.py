@@ -89,6 +89,52 @@ def test_a_recipe_split_with_overlapping_problems_stops_in_one_line():
         build_datasets(expression_args)
 
 
+def test_answer_stratified_split_keeps_twins_together_and_shares_the_answer_distribution():
+    """The pretrained-model study's second split (docs/benchmarks/smollm2_staleness.md, 6.1): canonical forms dealt
+    by answer. Catches: twins straddling splits, a deal per answer that piles rounding on one split (validation
+    missing an answer training is full of, as the canonical hash split did), and the check letting that through."""
+    from respo_trl.demo.tasks import answer_balance, canonical, check_answer_balance, check_disjoint
+
+    kwargs = dict(min_terms=2, max_terms=2, min_operand=1, max_operand=30, operators="+", scratchpad=False,
+                  validation_fraction=0.2, test_fraction=0.2)  # fmt: skip
+    task = ArithmeticTask(split_by="answer", **kwargs)
+    splits = {name: task.expressions(name, None, seed=0) for name in ("train", "validation", "test")}
+    assert sum(len(v) for v in splits.values()) == 30 * 30
+    check_disjoint(splits)  # no re-ordered twin across splits
+    forms = {name: {canonical(e) for e in v} for name, v in splits.items()}
+    assert [len(forms[n]) for n in ("train", "validation", "test")] == [279, 93, 93]  # 465 forms dealt 60/20/20
+    balance = answer_balance(splits)
+    for name in ("validation", "test"):
+        assert balance[name]["max_deviation"] < 1.0  # every answer within one form of its share
+        answers = {task.answer(e) for e in splits[name]}
+        assert answers >= set(range(10, 52))  # every sum with 5+ forms (a share of 1+) is in every split
+    check_answer_balance(splits)
+    hashed = ArithmeticTask(split_by="canonical", **kwargs)  # the canonical hash split: twins together, answers not
+    unbalanced = {name: hashed.expressions(name, None, seed=0) for name in ("train", "validation", "test")}
+    check_disjoint(unbalanced)
+    assert answer_balance(unbalanced)["validation"]["max_deviation"] > 2
+    with pytest.raises(ValueError, match=r"^answer distributions differ: (validation|test) has \d+ problems whose answer "
+                                         r"is \d+ where its share is [\d.]+ \(tolerance 2\); stratify the split by answer"):
+        check_answer_balance(unbalanced)
+    with pytest.raises(ValueError, match="needs operators='\\+'"):
+        ArithmeticTask(split_by="answer", operators="+-")
+
+
+def test_a_recipe_split_by_answer_is_checked_and_its_twins_stay_together():
+    from respo_trl.recipe import build_datasets, parse_args
+
+    argv = ["--tiny_model", "dense", "--task_min_terms", "2", "--task_max_terms", "2", "--task_max_operand", "30",
+            "--task_operators", "+", "--task_min_operand", "1", "--train_size", "None", "--heldout_size", "None",
+            "--task_validation_fraction", "0.2", "--task_test_fraction", "0.2", "--heldout_split", "validation",
+            "--task_split_by", "answer"]  # fmt: skip
+    script_args = parse_args(argv)[0]
+    train, heldout = build_datasets(script_args)  # checked: no twin across the sets, answers within their share
+    task = ArithmeticTask.from_settings(script_args)
+    assert task.split_by == "answer"
+    assert (len(train), len(heldout)) == (len(task.expressions("train", None, 0)), len(task.expressions("validation", None, 0)))
+    assert 150 < len(heldout) < 210 and len(train) > 500  # every training and validation problem (20% / 60% of 900)
+
+
 def test_small_space_raises_instead_of_looping():
     with pytest.raises(ValueError, match="too small"):
         ArithmeticTask(min_terms=2, max_terms=2, max_operand=3).expressions("train", 10_000, seed=0)
