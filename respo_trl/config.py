@@ -16,7 +16,7 @@ from trl import GRPOConfig
 
 from .batching import steps_from_updates
 from .kernels import BRANCH_KINDS, CONSTANT_KEYS, RESPO_DEFAULTS, TRL_LOSS_TYPES, check_constant
-from .routing_replay_hooks import config_problems
+from .routing_replay import config_problems
 
 TRUST_MASK_MODES = ("auto", "directional", "none")
 # TRL's token-level clip defaults (GRPOConfig.epsilon; epsilon_high defaults to epsilon): the trust mask's bounds when

@@ -39,8 +39,10 @@ recomputations pop them (last in, first out, the order autograd recomputes chunk
 
 Limits (see docs/moe.md): Qwen3-MoE routers only (``Qwen3MoeTopKRouter``); transformers ``generate`` only (TRL 1.16's
 vLLM path drops the routing vLLM can return; continuous batching and multi-turn tool loops are not recorded).
-Pure torch; no TRL import: the trainer hooks that drive it through TRL's ``GRPOTrainer`` are in
-:mod:`respo_trl.routing_replay_hooks`.
+Pure torch; no TRL import: ``ReSPOTrainer`` (:mod:`respo_trl.trainer`, the seam into TRL) drives it from its
+``_generate`` (recording), ``_generate_and_score_completions`` (the batch's routes, kept as :data:`ROUTES_KEY` so they
+follow the rows through shuffling, the rollout buffer and its checkpoints), every log-prob forward (replay) and
+``_compute_loss`` (the micro-batch's routes, and the drift it logs).
 """
 
 from __future__ import annotations
@@ -382,3 +384,38 @@ class RoutingReplay:
         routes = self.layout(torch.cat([prompt_ids, completion_ids], dim=1), completion_ids.size(1))
         self.pending = None
         return routes
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# What the trainer needs to attach it
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def config_problems(args) -> list[str]:
+    """Why the generation configured by ``args`` (a TRL ``GRPOConfig``) cannot be recorded; empty if it can."""
+    problems = []
+    if getattr(args, "use_vllm", False):
+        problems.append(
+            "use_vllm=True: TRL 1.16 starts vLLM without enable_return_routed_experts and keeps only token ids and "
+            "logprobs of its outputs, so the sampler's routing never reaches the trainer. Set use_vllm=False "
+            "(transformers generate is recorded) or respo_routing_replay=False; docs/moe.md lists what TRL would need"
+        )
+    if getattr(args, "use_transformers_continuous_batching", False) or getattr(args, "use_transformers_paged", False):
+        problems.append(
+            "use_transformers_continuous_batching=True: generate_batch schedules requests itself and is not recorded; "
+            "set it to False"
+        )
+    return problems
+
+
+def attach_routing_replay(trainer) -> RoutingReplay:
+    """Validate a ``GRPOTrainer``'s generation set-up and return a :class:`RoutingReplay` on its model; one
+    ``ValueError`` naming every reason the sampler's routing could not be recorded."""
+    problems = config_problems(trainer.args)
+    if getattr(trainer, "tools", None):
+        problems.append("tools: the multi-turn tool loop calls generate several times per batch; not recorded")
+    if getattr(trainer, "rollout_func", None) is not None:
+        problems.append("rollout_func: a custom rollout does not go through the recorded generate call")
+    if problems:
+        raise ValueError("respo_routing_replay=True cannot record the sampler's routing: " + "; ".join(problems))
+    return RoutingReplay(trainer.accelerator.unwrap_model(trainer.model))

@@ -1,13 +1,24 @@
 """``ReSPOTrainer``: TRL's ``GRPOTrainer`` with the ReSPO loss, the rollout-reuse buffer and per-step diagnostics.
 
-This file only wires pieces into TRL's hooks: the loss for ``loss_type="respo"`` is :mod:`respo_trl.trl_loss` (the
-one seam into TRL's ``_compute_loss``), the math :mod:`respo_trl.kernels`, the metrics :mod:`respo_trl.diagnostics`
-and the reuse logic :mod:`respo_trl.buffer`. Every other ``loss_type`` runs TRL's code unchanged.
+This module is the one seam between respo_trl and TRL. Every ``GRPOTrainer`` (or ``transformers.Trainer``) method the
+trainer changes is overridden here, once, with TRL's exact signature and kind, and hands its work to the module that
+owns it: ReSPO's loss to :mod:`respo_trl.trl_loss`, the math to :mod:`respo_trl.kernels`, the metrics to
+:mod:`respo_trl.diagnostics`, the reuse logic to :mod:`respo_trl.buffer`, MoE Routing Replay to
+:mod:`respo_trl.routing_replay`. Every TRL name the seam reads or writes is declared in :mod:`respo_trl.trl_loss`
+(``TRL_METHODS``, ``TRL_STATE``, ``GENERATE_FIELDS``) and checked when a trainer is built. Every other ``loss_type``
+runs TRL's code unchanged.
+
+Values pass between the overrides as arguments and return values, with one exception TRL forces: its own loss types
+run their forward inside TRL's ``_compute_loss``, so the log-probabilities the diagnostics need (and the rows to count
+as 0 in that forward) travel through one :class:`LossForward` record that ``_compute_loss`` opens before the call and
+closes after it; ``_get_per_token_logps_and_entropies`` fills it only while it is open.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 from accelerate.logging import get_logger
@@ -45,8 +56,16 @@ from .kernels import (
     sequence_log_weight,
 )
 from .paper import ARXIV_ID, RESPO_CITATION, TITLE, TRAINER_TAGS
-from .routing_replay_hooks import RoutingReplayMixin
-from .trl_loss import MULTIMODAL_KEYS, ReSPOLoss, check_trl_hooks, check_trl_state
+from .routing_replay import ROUTES_KEY, attach_routing_replay
+from .trl_loss import (
+    MULTIMODAL_KEYS,
+    check_generate_output,
+    check_trl_hooks,
+    check_trl_loop_state,
+    check_trl_state,
+    gamma_weights,
+    respo_loss,
+)
 
 logger = get_logger(__name__)
 
@@ -60,7 +79,50 @@ def _concat(values: list):
         return [item for value in values for item in value]
     return first
 
-class ReSPOTrainer(RoutingReplayMixin, ReSPOLoss, GRPOTrainer):
+
+def drop_nonfinite(inputs: dict) -> tuple[dict, torch.Tensor]:
+    """``(inputs, dropped)``: every sequence whose advantage, stored log-probs or sampler ratio is NaN/inf on a loss
+    token is masked out of the loss (through TRL's loss-only ``tool_mask``, keeping its tool-call zeros), and the
+    non-finite values of the kept rows (padding) are filled, so the loss is never NaN; ``dropped`` is (B,) bool."""
+    mask = inputs["completion_mask"].bool()
+    advantages = inputs["advantages"]
+    bad = ~torch.isfinite(advantages.reshape(advantages.shape[0], -1)).all(-1)
+    fills = {"old_per_token_logps": 0.0, "ref_per_token_logps": 0.0, "importance_sampling_ratio": 1.0}
+    for key in fills:
+        value = inputs.get(key)
+        if value is not None:
+            bad = bad | (~torch.isfinite(value) & mask).any(-1)
+    if not bad.any():
+        return inputs, bad
+    inputs = dict(inputs)
+    keep = ~bad
+    inputs["advantages"] = torch.where(keep.reshape(-1, *[1] * (advantages.dim() - 1)), advantages, 0.0)
+    for key, fill in fills.items():
+        if inputs.get(key) is not None:
+            value = inputs[key]
+            inputs[key] = torch.where(keep.unsqueeze(-1) & torch.isfinite(value), value, fill)
+    loss_mask = inputs.get("tool_mask", torch.ones_like(inputs["completion_mask"]))
+    inputs["tool_mask"] = loss_mask * keep.unsqueeze(-1).to(loss_mask.dtype)  # TRL's loss-only mask
+    return inputs, bad
+
+
+@dataclass
+class LossForward:
+    """The loss forward of one ``_compute_loss`` call: rows it counts as 0 (``dropped``, with any non-finite value:
+    TRL's loss still multiplies a dropped row's terms by 0, and a forward that underflowed would make that NaN), and
+    the (log-probs, entropies) it returned, detached, for the diagnostics."""
+
+    dropped: torch.Tensor
+    logps: torch.Tensor | None = None
+    entropies: torch.Tensor | None = None
+
+    def clean(self, logps: torch.Tensor) -> torch.Tensor:
+        if self.dropped.shape[0] != logps.shape[0]:
+            return logps
+        return torch.where(~torch.isfinite(logps) | self.dropped.unsqueeze(-1).to(logps.device), 0.0, logps)
+
+
+class ReSPOTrainer(GRPOTrainer):
     """Drop-in replacement for ``trl.GRPOTrainer`` that trains with ReSPO.
 
     Accepts the same arguments. ``args`` may be a :class:`ReSPOConfig` (any ``loss_type`` works, so baselines run
@@ -75,6 +137,9 @@ class ReSPOTrainer(RoutingReplayMixin, ReSPOLoss, GRPOTrainer):
     # card, named ReSPO with the paper's citation and tags. The recipe sets respo_trl.hub.card.write_trainer_card
     # (kernel, reuse, measured numbers) on the instance; the trainer never imports the card code.
     card_writer = None
+    # MoE Routing Replay (R3; respo_routing_replay=True): the engine on the model, or None
+    routing_replay = None
+    _loss_forward: LossForward | None = None  # open only inside _compute_loss (the one exception, module docstring)
 
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *rest, **kwargs):
         check_trl_hooks()
@@ -111,13 +176,12 @@ class ReSPOTrainer(RoutingReplayMixin, ReSPOLoss, GRPOTrainer):
             num_processes=self.accelerator.num_processes,
             group_size=args.num_generations if args.respo_whole_groups else None,
         )
-        self._nonfinite_rows = None
         self._tokens_at_step_start = 0
         self._step_passes: list[tuple[int, int]] = []  # (generation index, pass) of each micro-batch of this step
         self._fresh_grad_norm = (None, None)  # (generation index, grad_norm of its fresh pass)
         self._sampler_gap_warned = False  # the sampler-gap alarm fires once per run
         if args.respo_routing_replay:  # MoE Routing Replay (R3): respo_trl/routing_replay.py
-            self.routing_replay = self.attach_routing_replay(self)
+            self.routing_replay = attach_routing_replay(self)
 
     # -- rollout reuse -----------------------------------------------------------------------------------------------
 
@@ -168,8 +232,17 @@ class ReSPOTrainer(RoutingReplayMixin, ReSPOLoss, GRPOTrainer):
             check_contiguous_groups(batch, self.rollouts.group_size)
         self.rollouts.store(batch, version=self.state.global_step, first_pass=first_pass)
 
+    def _routes(self, inputs: dict):
+        """Context in which log-prob forwards replay the routes stored in ``inputs`` (no-op without Routing Replay)."""
+        return self.routing_replay.batch(inputs) if self.routing_replay is not None else nullcontext()
+
     def _generate(self, prompts):
-        output = super()._generate(prompts)
+        replay = self.routing_replay
+        with replay.recording() if replay is not None else nullcontext():
+            output = super()._generate(prompts)
+        check_generate_output(output)
+        if replay is not None:
+            replay.finish(output[0], output[1])  # prompt_ids, completion_ids (lists)
         if self.model.training:
             completion_ids, tool_mask = output[1], output[2]
             if tool_mask is not None:  # count model-generated tokens only, as TRL's length metrics do
@@ -179,6 +252,50 @@ class ReSPOTrainer(RoutingReplayMixin, ReSPOLoss, GRPOTrainer):
             total = self.accelerator.reduce(torch.tensor(float(local), device=self.accelerator.device), "sum")
             self.rollouts.generated_tokens += int(total.item())
         return output
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        if self.routing_replay is not None:  # the routes follow the rows through shuffling, buffer and checkpoints
+            output[ROUTES_KEY] = self.routing_replay.take_layout(output["prompt_ids"], output["completion_ids"])
+        return output
+
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        pixel_values=None,
+        image_grid_thw=None,
+        num_images=None,
+        pixel_attention_mask=None,
+        spatial_shapes=None,
+        num_tiles=None,
+        image_sizes=None,
+        token_type_ids=None,
+        mm_token_type_ids=None,
+        image_position_ids=None,
+    ):
+        # every log-prob forward (old log-probs, reference, the loss, the ESS check) replays the routes of its rows
+        replay = self.routing_replay
+        replaying = replay is not None and replay.replaying(input_ids, replay.forward_routes(input_ids, logits_to_keep))
+        with replaying or nullcontext():
+            logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, pixel_values=pixel_values,
+                image_grid_thw=image_grid_thw, num_images=num_images, pixel_attention_mask=pixel_attention_mask,
+                spatial_shapes=spatial_shapes, num_tiles=num_tiles, image_sizes=image_sizes,
+                token_type_ids=token_type_ids, mm_token_type_ids=mm_token_type_ids,
+                image_position_ids=image_position_ids,
+            )  # fmt: skip
+        record = self._loss_forward
+        if record is not None and record.logps is None:  # the loss's own forward (the first inside _compute_loss)
+            logps = record.clean(logps)
+            record.logps, record.entropies = logps.detach(), None if entropies is None else entropies.detach()
+        return logps, entropies, aux_loss
 
     @torch.no_grad()
     def _below_ess_floor(self, batch=None) -> bool:
@@ -190,7 +307,7 @@ class ReSPOTrainer(RoutingReplayMixin, ReSPOLoss, GRPOTrainer):
         if old is None:
             return False
         completion_ids = batch["completion_ids"]
-        with self.routing_batch(batch):  # MoE Routing Replay: the buffered rows' recorded routes
+        with self._routes(batch):  # MoE Routing Replay: the buffered rows' recorded routes
             logps, _, _ = self._get_per_token_logps_and_entropies(
                 self.model,
                 torch.cat([batch["prompt_ids"], completion_ids], dim=1),
@@ -217,14 +334,46 @@ class ReSPOTrainer(RoutingReplayMixin, ReSPOLoss, GRPOTrainer):
     # -- loss ----------------------------------------------------------------------------------------------------------
 
     def _compute_loss(self, model, inputs):
-        inputs = self._drop_nonfinite(inputs)
-        self.rows_out_of_loss = self._nonfinite_rows  # the loss forward counts them (and non-finite values) as 0
+        if self.model.training:
+            check_trl_loop_state(self)
+        inputs, dropped = drop_nonfinite(inputs)
+        forward = LossForward(dropped)
+        self._loss_forward = forward  # closed below, whatever happens (the one exception, module docstring)
         try:
-            loss = super()._compute_loss(model, inputs)  # Routing Replay, then ReSPO's loss or TRL's (trl_loss.py)
+            with self._routes(inputs):  # MoE Routing Replay: the micro-batch's recorded routes
+                if self.loss_type == "respo":
+                    loss = self._respo_loss(model, inputs)
+                else:
+                    loss = super()._compute_loss(model, inputs)  # TRL's loss, its forward recorded in `forward`
         finally:
-            self.rows_out_of_loss = None
-        self._log_step_metrics(inputs)
+            self._loss_forward = None
+        if self.routing_replay is not None:
+            self._log_routing_drift()
+        self._log_step_metrics(inputs, forward)
         return loss
+
+    def _respo_loss(self, model, inputs):
+        """ReSPO's loss (:func:`respo_trl.trl_loss.respo_loss`) on the loss forward of ``inputs``."""
+        prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
+        logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model, torch.cat([prompt_ids, completion_ids], dim=1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1), completion_ids.size(1),
+            compute_entropy=True, compute_aux_loss=self.aux_loss_enabled,
+            **{key: inputs.get(key) for key in MULTIMODAL_KEYS},
+        )  # fmt: skip
+        return respo_loss(self, inputs, logps, entropies, aux_loss)
+
+    def _respo_gamma_weights(self, advantages, log_ratio_per_token, mask, importance_sampling_ratio):
+        """ReSPO's detached per-token coefficient, where TRL's vespo branch calls ``get_gamma_weights``."""
+        return gamma_weights(self.loss_params, advantages, log_ratio_per_token, mask, importance_sampling_ratio)
+
+    def _log_routing_drift(self) -> None:
+        """``routing/drift``: share of replayed token-layer slots whose free top-k would differ from the replayed one;
+        ``routing/drift_tokens``: share of tokens that differ in at least one MoE layer (summed over processes)."""
+        stats = self.accelerator.reduce(self.routing_replay.last_stats.to(self.accelerator.device), "sum").float()
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["routing/drift"].append((stats[0] / stats[1].clamp(min=1)).item())
+        self._metrics[mode]["routing/drift_tokens"].append((stats[2] / stats[3].clamp(min=1)).item())
 
     def _applied_token_weight(self, inputs, logps, entropies):
         """What TRL's loss multiplied the per-token loss by besides the importance weight (its entropy and off-policy
@@ -244,42 +393,16 @@ class ReSPOTrainer(RoutingReplayMixin, ReSPOLoss, GRPOTrainer):
             weight = kept if weight is None else weight * kept
         return weight
 
-    def _drop_nonfinite(self, inputs):
-        """Mask out of the loss every sequence whose advantage or stored log-probs are NaN/inf (never a NaN loss)."""
-        mask = inputs["completion_mask"].bool()
-        advantages = inputs["advantages"]
-        bad = ~torch.isfinite(advantages.reshape(advantages.shape[0], -1)).all(-1)
-        fills = {"old_per_token_logps": 0.0, "ref_per_token_logps": 0.0, "importance_sampling_ratio": 1.0}
-        for key in fills:
-            value = inputs.get(key)
-            if value is not None:
-                bad = bad | (~torch.isfinite(value) & mask).any(-1)
-        self._nonfinite_rows = bad
-        if not bad.any():
-            return inputs
-        inputs = dict(inputs)
-        keep = ~bad
-        inputs["advantages"] = torch.where(keep.reshape(-1, *[1] * (advantages.dim() - 1)), advantages, 0.0)
-        for key, fill in fills.items():
-            if inputs.get(key) is not None:
-                value = inputs[key]
-                inputs[key] = torch.where(keep.unsqueeze(-1) & torch.isfinite(value), value, fill)
-        loss_mask = inputs.get("tool_mask", torch.ones_like(inputs["completion_mask"]))
-        inputs["tool_mask"] = loss_mask * keep.unsqueeze(-1).to(loss_mask.dtype)  # TRL's loss-only mask
-        return inputs
-
     # -- metrics ---------------------------------------------------------------------------------------------------------
 
-    def _log_step_metrics(self, inputs) -> None:
+    def _log_step_metrics(self, inputs, forward: LossForward) -> None:
         mode = "train" if self.model.training else "eval"
         if not self.args.respo_log_diagnostics:
             if mode == "train":
                 self._log_reuse_metrics(inputs, mode)
             return
-        logps, entropies = self.last_forward  # the loss's own forward (trl_loss.ReSPOLoss)
-        # rows _drop_nonfinite dropped, and any non-finite value of the forward, count as log-ratio 0
-        bad = ~torch.isfinite(logps) | self._nonfinite_rows.unsqueeze(-1)
-        logps = torch.where(bad, torch.zeros_like(logps), logps)
+        # the loss's own forward; dropped rows, and any non-finite value of the forward, count as log-ratio 0
+        logps, entropies = forward.clean(forward.logps), forward.entropies
         mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
         old = inputs.get("old_per_token_logps")
         log_ratio = torch.zeros_like(logps) if old is None else logps - old
@@ -295,7 +418,7 @@ class ReSPOTrainer(RoutingReplayMixin, ReSPOLoss, GRPOTrainer):
         )
         versions = inputs.get(VERSION_KEY)
         staleness = (self.state.global_step - versions).float() if versions is not None else torch.zeros(len(table))
-        nonfinite = self._nonfinite_rows.float()
+        nonfinite = forward.dropped.float()
         table = torch.cat([table, staleness.to(table).unsqueeze(-1), nonfinite.to(table).unsqueeze(-1)], dim=-1)
         table = self.accelerator.gather(table)  # one collective: every process logs the same global numbers
 

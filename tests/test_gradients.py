@@ -184,6 +184,8 @@ def test_diagnostics_report_the_coefficients_of_the_loss_trl_really_computes(
 def test_dropping_a_nonfinite_row_keeps_the_tool_mask_and_cleans_padding(make_trainer, tokenizer):
     """A dropped row leaves the loss through TRL's tool_mask, which may already hold tool-call zeros: they stay. A kept
     row's padding may hold -inf log-probs (never read by the mask, but inf * 0 is NaN in the loss): it is filled."""
+    from respo_trl.trainer import drop_nonfinite
+
     trainer = prepare(make_trainer())
     inputs = make_batch(tokenizer, seed=3)
     m = inputs["completion_mask"]
@@ -194,16 +196,16 @@ def test_dropping_a_nonfinite_row_keeps_the_tool_mask_and_cleans_padding(make_tr
     row = next(i for i in range(1, 8) if i != 4 and (m[i] == 0).any())  # a kept row with padding
     pad = int((m[row] == 0).nonzero()[0])
     inputs["old_per_token_logps"][row, pad] = float("-inf")
-    out = trainer._drop_nonfinite(inputs)
+    out, dropped = drop_nonfinite(inputs)
     assert out["tool_mask"][0].sum() == 0 and out["tool_mask"][4, 0] == 0 and out["tool_mask"][4, 1:].eq(1).all()
     assert out["tool_mask"][1:4].eq(1).all() and torch.isfinite(out["old_per_token_logps"]).all()
-    assert trainer._nonfinite_rows.tolist() == [True] + [False] * 7  # padding does not make a row bad
+    assert dropped.tolist() == [True] + [False] * 7  # padding does not make a row bad
 
     # vLLM's sampler ratio is checked like the log-probs: an inf in a real token drops its row, and it is filled
     inputs["importance_sampling_ratio"] = torch.ones_like(m, dtype=torch.float)
     inputs["importance_sampling_ratio"][6, 0] = float("inf")
-    out = trainer._drop_nonfinite(inputs)
-    assert trainer._nonfinite_rows.tolist() == [True] + [False] * 5 + [True, False]
+    out, dropped = drop_nonfinite(inputs)
+    assert dropped.tolist() == [True] + [False] * 5 + [True, False]
     assert torch.isfinite(out["importance_sampling_ratio"]).all() and out["tool_mask"][6].sum() == 0
 
 

@@ -232,6 +232,23 @@ def test_every_inherited_trl_method_keeps_its_signature_and_kind():
     assert {"_compute_loss", "_prepare_inputs", "_get_per_token_logps_and_entropies", "train", "create_model_card"} <= set(checked)
 
 
+def test_the_seam_overrides_each_trl_method_once_and_declares_every_one():
+    """One seam (issue 41): ReSPOTrainer's only base is GRPOTrainer, so no TRL method is overridden along a chain of
+    mixins, and every method it overrides is in trl_loss.OVERRIDDEN, whose signatures check_trl_hooks checks.
+    Catches an override added without declaring it (a TRL that moves it would then break silently)."""
+    from trl import GRPOTrainer
+
+    from respo_trl import ReSPOTrainer
+    from respo_trl.trl_loss import OVERRIDDEN, TRL_METHODS
+
+    assert ReSPOTrainer.__bases__ == (GRPOTrainer,)
+    overridden = {name for name, value in vars(ReSPOTrainer).items() if callable(value) and hasattr(GRPOTrainer, name)}
+    overridden.discard("__init_subclass__")
+    assert overridden == set(OVERRIDDEN), overridden ^ set(OVERRIDDEN)
+    for name in OVERRIDDEN:
+        assert name in TRL_METHODS
+
+
 def test_trl_helpers_are_callable_the_way_trl_and_its_tests_call_them():
     """TRL calls its static helpers on the class and its tests call instance helpers unbound with a Mock(spec=...)."""
     from unittest.mock import Mock
@@ -258,7 +275,7 @@ def test_trl_helpers_are_callable_the_way_trl_and_its_tests_call_them():
 
 def test_the_seam_into_trl_writes_no_helper_and_flips_nothing(make_trainer, monkeypatch):
     """0.4 wrote four helpers into the trainer's ``__dict__`` for every loss call, flipped ``loss_type`` to "vespo"
-    and back, and popped TRL's ``vespo/phi_seq_mean``. The seam is now declared once (``trl_loss.ReSPOLoss``): during
+    and back, and popped TRL's ``vespo/phi_seq_mean``. The seam is now declared once (``trainer.py``): during
     the loss TRL's helpers see ``loss_type="respo"``, the call leaves data behind and no callable, no VESPO metric is
     logged, and a user's own instance patch of a TRL helper is what the loss calls."""
     from test_gradients import make_batch, prepare
@@ -322,13 +339,18 @@ def test_generated_tokens_count_model_tokens_only_when_tools_insert_some(make_tr
 
     trainer = make_trainer(max_steps=1)
     completions = [[5, 6, 7, 8], [9, 10]]
-    outputs = {"tools": (None, completions, [[1, 0, 0, 1], [1, 1]]), "plain": (None, completions, None)}
+    rest = (None,) * 5  # TRL 1.16's other five fields (completions, logprobs, extra_fields, images, tool_images)
+    outputs = {"tools": (None, completions, [[1, 0, 0, 1], [1, 1]], *rest), "plain": (None, completions, None, *rest)}
     for kind, expected in (("tools", 4), ("plain", 6)):
         monkeypatch.setattr(GRPOTrainer, "_generate", lambda self, prompts, out=outputs[kind]: out)
         trainer.model.train()
         before = trainer.rollouts.generated_tokens
         assert trainer._generate(["p", "q"]) is outputs[kind]
         assert trainer.rollouts.generated_tokens - before == expected, kind
+    # a TRL whose _generate returns another tuple is refused in one line before its fields are read by position
+    monkeypatch.setattr(GRPOTrainer, "_generate", lambda self, prompts: (None, completions, None))
+    with pytest.raises(RuntimeError, match=r"no longer has \['GRPOTrainer._generate returning 8 fields \(got 3\)'\]"):
+        trainer._generate(["p", "q"])
 
 
 def test_without_args_the_output_dir_is_named_after_the_model(monkeypatch):
