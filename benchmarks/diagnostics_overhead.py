@@ -21,8 +21,8 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from benchmarks.common import QUIET_CPU_TRAINING, command, machine_info  # noqa: E402
+from respo_trl.builtin.tiny_model import build_char_tokenizer, tiny_qwen3
 from respo_trl.rewards import crc_reward  # noqa: E402
-
 
 
 def measure(hidden: int, layers: int, args, tokenizer, dataset, tmp) -> dict:
@@ -30,8 +30,6 @@ def measure(hidden: int, layers: int, args, tokenizer, dataset, tmp) -> dict:
     from transformers.trainer_callback import PrinterCallback
 
     from respo_trl import ReSPOConfig, ReSPOTrainer
-    from respo_trl.demo.tiny import tiny_qwen3
-
     config = ReSPOConfig(
         output_dir=tmp,
         **QUIET_CPU_TRAINING,
@@ -99,8 +97,6 @@ def main():
     import tempfile
 
     from datasets import Dataset
-
-    from respo_trl.demo.tiny import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"{i}+{i % 9}="}] for i in range(64)]})

@@ -48,11 +48,11 @@ other jobs; pass ``--threads 2`` (or 0 for torch's default) to measure that inst
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
 import statistics
-import dataclasses
 import time
 
 import torch

@@ -2,7 +2,7 @@
 
 The paper's claim lives where stale *correct* responses drift to low sequence weight ``W`` (22.8% of positives below
 ``log W = -1`` at N = 32): there clipped GRPO, GSPO and VESPO starve them and ReSPO does not. The tiny LM of
-``reuse_lm.py`` never got there (0-8%). This benchmark builds a task that can (``respo_trl.demo.tasks`` with long
+``reuse_lm.py`` never got there (0-8%). This benchmark builds a task that can (``respo_trl.builtin.task`` with long
 ``+`` chains, a teacher that forgets carries and reward-irrelevant *nuisance* choices on every step), checks that it
 does before comparing anything, then runs the comparison. Three stages, each resumable (a finished run is never
 rerun; ``--fresh`` starts a stage over):

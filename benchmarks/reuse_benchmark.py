@@ -23,16 +23,14 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from benchmarks.common import QUIET_CPU_TRAINING, command, machine_info  # noqa: E402
+from respo_trl.builtin.tiny_model import build_char_tokenizer, tiny_qwen3
 from respo_trl.rewards import crc_reward  # noqa: E402
-
 
 
 def run_once(reuse: int, steps: int, completion_len: int, args, tokenizer, dataset, tmp: str) -> dict:
     from transformers.trainer_callback import PrinterCallback
 
     from respo_trl import ReSPOConfig, ReSPOTrainer
-    from respo_trl.demo.tiny import tiny_qwen3
-
     class TimedTrainer(ReSPOTrainer):
         generation_seconds = 0.0
         generations = 0
@@ -114,8 +112,6 @@ def main():
     import torch
     from datasets import Dataset
     from tqdm import tqdm
-
-    from respo_trl.demo.tiny import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     prompts = [[{"role": "user", "content": f"{i}+{(7 * i) % 13}="}] for i in range(512)]

@@ -1,6 +1,6 @@
 """Routing Replay (R3) on CPU: its cost, and how far the routing of reused rollouts drifts without it.
 
-Two measurements, both on random-init tiny Qwen3-MoE models (``respo_trl.demo.tiny``):
+Two measurements, both on random-init tiny Qwen3-MoE models (``respo_trl.builtin.tiny_model``):
 
 1. Overhead, model level (no trainer): a KV-cached ``generate`` of ``--batch`` sequences x ``--new_tokens`` tokens
    with and without :meth:`RoutingReplay.recording` (+ ``finish``), and one loss forward + backward over the same
@@ -27,6 +27,7 @@ from collections import defaultdict
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from benchmarks.common import QUIET_CPU_TRAINING, command, machine_info  # noqa: E402
+from respo_trl.builtin.tiny_model import build_char_tokenizer, tiny_qwen3
 from respo_trl.rewards import crc_reward  # noqa: E402
 
 MODELS = {  # name: tiny_qwen3 kwargs
@@ -40,7 +41,6 @@ MODELS = {  # name: tiny_qwen3 kwargs
 def overhead(name, kwargs, args, tokenizer) -> dict:
     import torch
 
-    from respo_trl.demo.tiny import tiny_qwen3
     from respo_trl.routing_replay import RoutingReplay
 
     model = tiny_qwen3(tokenizer, moe=True, **kwargs).eval()
@@ -114,8 +114,6 @@ def drift_run(args, tokenizer, tmp) -> dict:
     from transformers.trainer_callback import PrinterCallback
 
     from respo_trl import ReSPOConfig, ReSPOTrainer
-    from respo_trl.demo.tiny import tiny_qwen3
-
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"{i}+{i % 9}="}] for i in range(256)]})
     config = ReSPOConfig(
         output_dir=tmp,
@@ -167,8 +165,6 @@ def main():
     import torch
 
     torch.set_num_threads(args.threads)
-    from respo_trl.demo.tiny import build_char_tokenizer
-
     tokenizer = build_char_tokenizer()
     rows = []
     for name, kwargs in MODELS.items():

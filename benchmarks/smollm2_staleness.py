@@ -50,10 +50,19 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-from benchmarks.common import HISTORY_KEYS, late_mean, paired, per_update_kl, pos_neg_weight_ratio, resume_state
-from benchmarks.common import train_logged, write_record
+from benchmarks.common import (
+    HISTORY_KEYS,
+    late_mean,
+    paired,
+    per_update_kl,
+    pos_neg_weight_ratio,
+    resume_state,
+    train_logged,
+    write_record,
+)
 from benchmarks.common import init_worker as _init_worker
 from benchmarks.common import pooled_positive_branch as _pooled
+from respo_trl.builtin.task import ArithmeticTask, answer_balance
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks" / "smollm2_staleness" / "attempt2"  # attempt 1's records: the folder above
@@ -86,8 +95,6 @@ TASK_MIN_LENGTH = 15  # mean answer length in tokens
 
 def task_of(name: str):
     """Candidate ``name`` as the built-in task object (what :func:`task_args` asks the recipe for)."""
-    from respo_trl.demo.tasks import ArithmeticTask
-
     c = CANDIDATES[name]
     return ArithmeticTask(min_terms=c["terms"], max_terms=c["terms"], min_operand=c["min_operand"],
                           max_operand=c["max_operand"], operators="+", scratchpad=False, split_by="answer",
@@ -382,8 +389,6 @@ def tasks_stage(args) -> dict:
     """Stage 1: the base model samples :data:`TASK_SAMPLES` completions of :data:`TASK_PROBLEMS` validation problems
     of each candidate task at the run's temperature; :func:`choose_task` picks one."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from respo_trl.demo.tasks import answer_balance
 
     _init_worker()
     path = Path(args.out, "tasks.json")

@@ -107,7 +107,6 @@ from benchmarks.starvation_sim import (
 )
 from respo_trl.kernels import LossParams, gradient_coefficients
 
-
 # ---------------------------------------------------------------------------------------------------------------------
 # The kernels compared: label -> (registry name, LossParams overrides). Each method at its recommended parameters
 # (TRL docs / the papers); ReSPO at the paper's constants (the package defaults).

@@ -11,7 +11,7 @@ usual meaning. The flow reads top to bottom in ``respo_trl/recipe/train.py`` (``
 
 With no arguments it runs the embedded default, ``--preset tiny-cpu``: on a CPU, with nothing downloaded, a tiny Qwen3
 and a character tokenizer are built locally, warm-started by a short supervised fine-tune on a built-in multi-step
-arithmetic task (``respo_trl.demo.tasks``), then trained with ReSPO under 4x rollout reuse: about 5 minutes on 2 idle
+arithmetic task (``respo_trl.builtin.task``), then trained with ReSPO under 4x rollout reuse: about 5 minutes on 2 idle
 CPU cores, greedy held-out accuracy 15-23% -> 89-97% over seeds 0-2 (final checkpoint; the numbers depend on the CPU
 type, docs/recipes.md has them).
 

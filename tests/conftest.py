@@ -20,6 +20,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
+from respo_trl.builtin.tiny_model import build_char_tokenizer, tiny_qwen3
 from respo_trl.rewards import crc_reward  # noqa: E402,F401  (re-exported to tests and workers)
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -55,8 +56,6 @@ CPU_ARGS = dict(
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from respo_trl.demo.tiny import build_char_tokenizer
-
     return build_char_tokenizer()
 
 
@@ -71,8 +70,6 @@ def toy_dataset():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tokenizer, tmp_path_factory):
     """A tiny dense Qwen3 and its tokenizer saved like a Hub snapshot, loaded by path (as users load Hub ids)."""
-    from respo_trl.demo.tiny import tiny_qwen3
-
     path = tmp_path_factory.mktemp("tiny-qwen3")
     tiny_qwen3(tokenizer).save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -83,8 +80,6 @@ def tiny_model_dir(tokenizer, tmp_path_factory):
 def make_trainer(tokenizer, toy_dataset, tmp_path):
     """Build a trainer on a fresh tiny model: ``make_trainer(config_cls=ReSPOConfig, moe=False, **config_overrides)``."""
     from respo_trl import ReSPOConfig, ReSPOTrainer
-    from respo_trl.demo.tiny import tiny_qwen3
-
     def build(config_cls=ReSPOConfig, moe=False, trainer_cls=ReSPOTrainer, model=None, **overrides):
         args = config_cls(**{"output_dir": str(tmp_path / "out"), **CPU_ARGS, **overrides})
         model = model if model is not None else tiny_qwen3(tokenizer, moe=moe)

@@ -1,7 +1,6 @@
 """ReSPOConfig: defaults, the reuse alias, upgrading a GRPOConfig, and a clear error for every bad value."""
 
 import pytest
-
 from conftest import CPU_ARGS
 
 

@@ -8,10 +8,11 @@ import math
 
 import pytest
 import torch
-
 from conftest import CPU_ARGS
-from respo_trl.rewards import crc_reward
 from vllm_standin import use_fake_vllm
+
+from respo_trl.builtin.tiny_model import tiny_qwen3
+from respo_trl.rewards import crc_reward
 
 MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
@@ -28,8 +29,6 @@ def train_logs(trainer):
 def build(tokenizer, toy_dataset, tmp_path):
     """``build(config_cls, trainer_cls=ReSPOTrainer, model=None, vllm=False, **fields)`` -> trainer."""
     from respo_trl import ReSPOConfig, ReSPOTrainer
-    from respo_trl.demo.tiny import tiny_qwen3
-
     def make(config_cls=ReSPOConfig, trainer_cls=ReSPOTrainer, model=None, vllm=False, peft_config=None, **fields):
         base = {**CPU_ARGS, "output_dir": str(tmp_path / "out"), "max_steps": 2}
         if vllm:

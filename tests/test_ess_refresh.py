@@ -3,15 +3,15 @@ batch under the current policy, sampler correction included, over all processes.
 
 import pytest
 import torch
-
 from conftest import CPU_ARGS
-from respo_trl.rewards import crc_reward
 from vllm_standin import use_fake_vllm
+
+from respo_trl.builtin.tiny_model import tiny_qwen3
+from respo_trl.rewards import crc_reward
 
 
 def test_ess_floor_uses_raw_weights_with_the_sampler_correction(tokenizer, toy_dataset, tmp_path):
     from respo_trl import ReSPOConfig, ReSPOTrainer
-    from respo_trl.demo.tiny import tiny_qwen3
     from respo_trl.kernels import fold_sampler_ratio, kish_ess, sequence_log_weight
 
     checks = []

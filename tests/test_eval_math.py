@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from respo_trl.builtin.task import ArithmeticTask
 from respo_trl.grading import (
     aggregate,
     default_ks,
@@ -518,8 +519,6 @@ def test_a_recipe_output_dir_is_evaluated_as_it_trained_offline_and_keeps_earlie
     report = eval_math.main(["--model", str(run)], generate=generate)
     (result,) = report["results"]
     assert result["problems"] == 12 and (run / "heldout.jsonl").is_file()  # the run's own held-out split
-    from respo_trl.demo.tasks import ArithmeticTask
-
     expected = ArithmeticTask(min_terms=3, max_terms=5, max_operand=9, operators="+").expressions("test", 12, 0)
     assert [json.loads(line)["problem"] for line in (run / "heldout.jsonl").read_text().splitlines()] == expected
     assert "\\boxed{}" not in seen["prompts"][0] and "<|im_start|>s:" not in seen["prompts"][0]  # no system turn

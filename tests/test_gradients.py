@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 
+from respo_trl.builtin.tiny_model import tiny_qwen3
+
 
 def make_batch(tokenizer, batch=8, prompt_len=5, completion_len=7, seed=0):
     gen = torch.Generator().manual_seed(seed)
@@ -58,8 +60,6 @@ def assert_same_grads(a, b):
 
 @pytest.mark.parametrize("with_old_logps", [True, False])
 def test_on_policy_respo_gradient_equals_trl_dapo(make_trainer, tokenizer, with_old_logps):
-    from respo_trl.demo.tiny import tiny_qwen3
-
     model = tiny_qwen3(tokenizer)
     respo = prepare(make_trainer(model=model))
     dapo = prepare(make_trainer(model=copy.deepcopy(model), loss_type="dapo"))
@@ -264,8 +264,6 @@ def test_respo_loss_is_trls_vespo_branch_in_every_term(make_trainer, tokenizer, 
     sequence-level correction is compared through ``dapo``, whose coefficient is ReSPO's on-policy.)"""
     from trl import GRPOConfig, GRPOTrainer
 
-    from respo_trl.demo.tiny import tiny_qwen3
-
     fields = dict(TRL_TERMS[terms])
     moe = terms == "moe_aux"
     model = tiny_model_dir if fields.get("beta") else tiny_qwen3(tokenizer, moe=moe)
@@ -304,8 +302,6 @@ def test_respo_with_both_branches_vespo_trains_exactly_as_trls_vespo(make_traine
     a coefficient that is not VESPO's on either sign, and a token the sampler masked (ratio 0) dropped from ``W`` as
     ReSPO does, where VESPO floors its ratio at 1e-8 and so gives the whole sequence a weight near 0."""
     from trl import GRPOConfig, GRPOTrainer
-
-    from respo_trl.demo.tiny import tiny_qwen3
 
     model = tiny_qwen3(tokenizer)
     both = prepare(make_trainer(model=model, respo_pos_branch="vespo", respo_neg_branch="vespo"))
@@ -398,8 +394,6 @@ def test_vespo_branches_with_per_token_advantages_follow_each_tokens_sign(make_t
     changes inside a sequence, ReSPO with both branches VESPO's trains as ``trl.GRPOTrainer(loss_type="vespo")``.
     Catches constants taken from the first token's sign."""
     from trl import GRPOConfig, GRPOTrainer
-
-    from respo_trl.demo.tiny import tiny_qwen3
 
     model = tiny_qwen3(tokenizer)
     both = prepare(make_trainer(model=model, respo_pos_branch="vespo", respo_neg_branch="vespo"))

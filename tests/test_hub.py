@@ -164,7 +164,7 @@ def test_bad_token_is_named_and_upload_refusal_keeps_local_files(make_trainer, t
 
 
 def test_push_to_hub_at_construction_fails_clearly(make_trainer, hub_endpoint):
-    from respo_trl.hub.push import HubPushError, push_to_hub
+    from respo_trl.hub.push import HubPushError
 
     url = closed_port_url()
     hub_endpoint(url)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import EvalResult, ModelCard
 
+from respo_trl.builtin.tiny_model import tiny_qwen3
 from respo_trl.hub.card import RESULTS_FILE, card_from_output_dir, main, weights_fingerprint
 
 
@@ -49,8 +50,6 @@ def trained(tokenizer, toy_dataset, tmp_path_factory):
     from conftest import CPU_ARGS, crc_reward
 
     from respo_trl import ReSPOConfig, ReSPOTrainer
-    from respo_trl.demo.tiny import tiny_qwen3
-
     output_dir = tmp_path_factory.mktemp("card") / "tiny-respo"
     args = ReSPOConfig(
         output_dir=str(output_dir),

@@ -48,7 +48,7 @@ def test_drop_in_snippet_trains_respo_on_cpu(in_tmp, tiny_model_dir, toy_dataset
 def test_offline_snippet_trains_verbatim(in_tmp):
     """The documented offline way to try the swap-in: demo model, tokenizer and task, nothing downloaded."""
     offline = python_blocks("Swap it into an existing TRL script")[1]
-    assert "respo_trl.demo" in offline and "load_dataset" not in offline
+    assert "respo_trl.builtin" in offline and "load_dataset" not in offline
     namespace = {}
     exec(compile(offline, "README.md", "exec"), namespace)  # noqa: S102
     trainer = namespace["trainer"]

@@ -11,6 +11,7 @@ import pytest
 from conftest import ROOT
 
 from benchmarks import common, regime, regime_runs
+from respo_trl.builtin.task import ArithmeticTask
 
 
 def test_t_quantiles_are_the_tables():
@@ -197,8 +198,6 @@ def test_a_comparison_away_from_the_gates_choice_gets_no_verdict(tmp_path, capsy
 
 
 def test_bad_task_settings_and_an_unpassed_gate_are_refused(tmp_path, capsys):
-    from respo_trl.demo.tasks import ArithmeticTask
-
     with pytest.raises(ValueError, match="min_terms"):
         ArithmeticTask(operators="+", min_terms=2, max_terms=4, nuisance=True)  # no separator to choose
     with pytest.raises(ValueError, match="operators='\\+'"):

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from respo_trl.builtin.tiny_model import tiny_qwen3
 from respo_trl.routing_replay import NO_ROUTE, ROUTES_KEY, RoutingReplay
-from respo_trl.demo.tiny import tiny_qwen3
 
 PROMPTS = ["1+2=", "12+345=", "7=", "99+1+2+3=", "5+5=", "123="]
 MAX_NEW = 9

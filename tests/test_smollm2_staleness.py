@@ -12,12 +12,11 @@ import torch
 from conftest import ROOT
 
 from benchmarks import smollm2_staleness as study
+from respo_trl.builtin.tiny_model import build_char_tokenizer, tiny_qwen3
 
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from respo_trl.demo.tiny import build_char_tokenizer, tiny_qwen3
-
     path = tmp_path_factory.mktemp("tiny-model")
     tokenizer = build_char_tokenizer()
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""The built-in arithmetic task (respo_trl.demo.tasks), the warm-start helpers and the recipes' rewards (respo_trl.rewards).
+"""The built-in arithmetic task (respo_trl.builtin.task), the warm-start helpers and the recipes' rewards (respo_trl.rewards).
 
 The task is what the embedded default of recipes/qwen3_respo.py learns; these tests pin its correctness (answers,
 disjoint splits, the imperfect teacher) so that the demo's numbers mean what docs/recipes.md says they mean.
@@ -8,7 +8,15 @@ import random
 
 import pytest
 
-from respo_trl.demo.tasks import ArithmeticTask
+from respo_trl.builtin.task import (
+    ArithmeticTask,
+    answer_balance,
+    canonical,
+    check_answer_balance,
+    check_disjoint,
+    main,
+)
+from respo_trl.builtin.tiny_model import tiny_qwen3
 
 
 def brute_force_answer(expression):
@@ -48,8 +56,6 @@ def test_splits_are_disjoint_deterministic_and_distinct():
 def test_canonical_split_keeps_every_reordered_twin_in_one_split():
     """The pretrained-model study's split (docs/benchmarks/smollm2_staleness.md): train, validation and test share no
     problem and no re-ordered twin of one. Catches: a split by the expression string (b+a held out, a+b trained)."""
-    from respo_trl.demo.tasks import canonical, check_disjoint
-
     assert canonical("7+7+1") == canonical("1+7+7") == canonical("7+1+7") != canonical("7+7+2")
     assert canonical("47-8+25") == canonical("25-8+47") != canonical("8-47+25")  # the sign goes with its term
     task = ArithmeticTask(min_terms=3, max_terms=3, min_operand=1, max_operand=9, operators="+", scratchpad=False,
@@ -93,8 +99,6 @@ def test_answer_stratified_split_keeps_twins_together_and_shares_the_answer_dist
     """The pretrained-model study's second split (docs/benchmarks/smollm2_staleness.md, 6.1): canonical forms dealt
     by answer. Catches: twins straddling splits, a deal per answer that piles rounding on one split (validation
     missing an answer training is full of, as the canonical hash split did), and the check letting that through."""
-    from respo_trl.demo.tasks import answer_balance, canonical, check_answer_balance, check_disjoint
-
     kwargs = dict(min_terms=2, max_terms=2, min_operand=1, max_operand=30, operators="+", scratchpad=False,
                   validation_fraction=0.2, test_fraction=0.2)  # fmt: skip
     task = ArithmeticTask(split_by="answer", **kwargs)
@@ -192,10 +196,9 @@ def test_tiny_tokenizer_keeps_boxed_as_one_token_and_completions_fit_the_preset(
 
 
 def test_supervised_warm_start_learns_and_is_seeded(tokenizer):
-    from respo_trl.demo.tiny import tiny_qwen3
+    from respo_trl.grading import accuracy_scores
     from respo_trl.recipe.generation import generate
     from respo_trl.recipe.warmstart import supervised_warm_start
-    from respo_trl.grading import accuracy_scores
 
     task = ArithmeticTask(min_terms=2, max_terms=2, max_operand=3, scratchpad=False)
     rows = task.rows("train", 12, seed=0)
@@ -302,10 +305,8 @@ def test_probe_names_a_raising_reward_and_a_wrong_answer_column():
 
 
 def test_heldout_split_exports_as_an_eval_math_file_matching_the_recipe(tmp_path):
-    """`python -m respo_trl.demo.tasks` writes the tiny preset's held-out problems, answers graded like training."""
+    """`python -m respo_trl.builtin.task` writes the tiny preset's held-out problems, answers graded like training."""
     import json
-
-    from respo_trl.demo.tasks import main
 
     out = tmp_path / "arith_test.jsonl"
     main(["--out", str(out), "--n", "40"])

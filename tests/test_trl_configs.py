@@ -17,10 +17,11 @@ import random
 
 import pytest
 import torch
-
 from conftest import CPU_ARGS
-from respo_trl.rewards import crc_reward
 from vllm_standin import use_fake_vllm
+
+from respo_trl.builtin.tiny_model import tiny_qwen3
+from respo_trl.rewards import crc_reward
 
 DEFAULT = object()  # leave the field to TRL's default
 SPACE = {
@@ -78,8 +79,6 @@ CASES = draw_cases()
 @pytest.fixture(scope="module")
 def model_dir(tokenizer, tmp_path_factory):
     """The tiny Qwen3 saved to disk: TRL loads the reference model (``beta > 0``) from the policy's path."""
-    from respo_trl.demo.tiny import tiny_qwen3
-
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("tiny")
     tiny_qwen3(tokenizer).save_pretrained(path)

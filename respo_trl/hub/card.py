@@ -246,7 +246,7 @@ def data_description(dataset_name: str | None, report: dict) -> str:
                      f"; held-out problems are a disjoint split (by hash) of the same generator")  # fmt: skip
         else:
             extra = ""
-        return f"The built-in arithmetic task, generated locally by `respo_trl.demo.tasks`{extra}."
+        return f"The built-in arithmetic task, generated locally by `respo_trl.builtin.task`{extra}."
     return f"{name}."
 
 

@@ -4,8 +4,10 @@ recipes/qwen3_respo.py``), importable by the benchmarks and tests as a package. 
 - :mod:`.train`: the flow, top to bottom, in the shape of TRL's ``trl/scripts/grpo.py`` (``main``, ``cli``);
 - :mod:`.args`: ``RecipeArguments``, presets, one parse with TRL's ``TrlParser``, the paper's batch contract, and
   every check that runs before a model or dataset is loaded (:class:`RecipeError`: one line, what to change);
-- :mod:`.data`: the built-in task, Hub or local datasets with their columns checked, prompts as chats;
-- :mod:`.model`: model configs read before weights load, MoE router settings, the demo's tiny model and warm start;
+- :mod:`.data`: the built-in task (:mod:`respo_trl.builtin`), Hub or local datasets with their columns checked,
+  prompts as chats;
+- :mod:`.model`: model configs read before weights load, MoE router settings, the default run's tiny model and its
+  warm start;
 - :mod:`.evaluation`: held-out accuracy of the trainer's weights and the best in-training checkpoint
   (``HeldoutEvaluator``), the progress bar, the summary table;
 - :mod:`.report`: ``report.json``, the held-out curve file, plots and the model card, written in one place
@@ -23,8 +25,8 @@ from .checks import build_reward, validate_args
 from .cli import Interrupted, one_line_errors
 from .data import build_datasets, drop_long_prompts, load_split, to_conversation
 from .evaluation import BEST_HELDOUT_DIR, HeldoutEvaluator, greedy_accuracy, sampled_accuracy
-from .presets import DEFAULT_PRESET, PRESETS_DIR, available_presets
 from .model import build_tiny, configure_moe, inspect_model, load_tokenizer, pick_cpu_threads, warm_start
+from .presets import DEFAULT_PRESET, PRESETS_DIR, available_presets
 from .report import ANSWERS_FILE, CURVE_FILE, RunReport
 from .train import cli, main
 

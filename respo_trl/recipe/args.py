@@ -20,7 +20,6 @@ from .arguments import ALGORITHMS, LAUNCH_PROCESSES, RecipeArguments, RecipeErro
 from .checks import check_model_path, validate_args
 from .presets import PRESETS_DIR, resolve_argv
 
-
 # Options renamed by a release: refused with the new name. 0.4: the staleness N has one name from preset to trainer.
 RENAMED_FLAGS = {"updates_per_rollout": "respo_updates_per_rollout"}
 

@@ -41,7 +41,7 @@ class RecipeArguments:
     dataset_name: str = field(
         default="builtin:arithmetic",
         metadata={
-            "help": "Training data: 'builtin:arithmetic' (generated locally, see respo_trl.demo.tasks), a Hub dataset id "
+            "help": "Training data: 'builtin:arithmetic' (generated locally, see respo_trl.builtin.task), a Hub dataset id "
             "(e.g. 'open-r1/DAPO-Math-17k-Processed') or a local path/data file loadable by datasets.load_dataset."
         },
     )

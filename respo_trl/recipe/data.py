@@ -1,4 +1,5 @@
-"""The recipe's data: the built-in task, Hub or local datasets, their columns checked first, prompts as chats.
+"""The recipe's data: the built-in task (:mod:`respo_trl.builtin.task`), Hub or local datasets, their columns checked
+first, prompts as chats.
 
 Every training row ends up with a conversational ``prompt`` and the answer math-verify grades in ``solution`` (plus a
 reference ``completion`` for the warm start, when the dataset has one); the held-out set has the same two columns.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..builtin.task import ArithmeticTask, check_answer_balance, check_disjoint
 from .arguments import BUILTIN_PREFIX, RecipeArguments, RecipeError
 
 # DAPO-Math-17k's instruction around every problem (it asks for an "Answer:" line); the paper's data preparation
@@ -101,8 +103,6 @@ def build_datasets(script_args: RecipeArguments):
     if "{problem}" not in template:
         raise RecipeError(f"prompt_template {template!r} has no {{problem}} placeholder")
     if script_args.dataset_name.startswith(BUILTIN_PREFIX):
-        from respo_trl.demo.tasks import ArithmeticTask, check_answer_balance, check_disjoint
-
         task = ArithmeticTask.from_settings(script_args)
         try:
             train = task.rows("train", script_args.train_size, seed=script_args.task_seed)

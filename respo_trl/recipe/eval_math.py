@@ -50,6 +50,7 @@ from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from ..builtin.task import ArithmeticTask
 from .model import load_tokenizer
 
 logger = logging.getLogger("eval_math")
@@ -469,8 +470,6 @@ def run_defaults(model: str) -> dict:
 
 def write_builtin_heldout(path: str, settings: dict) -> None:
     """The built-in task's held-out split as the run measured it, as a MATH-500-schema JSONL file."""
-    from respo_trl.demo.tasks import ArithmeticTask
-
     task = ArithmeticTask.from_settings(settings)
     task.write_jsonl(path, "test", settings.get("heldout_size") or 500, settings.get("task_seed") or 0)
 

@@ -17,8 +17,9 @@ def greedy_accuracy(trainer, dataset, max_new_tokens: int, batch_size: int, rewa
     import torch
     from trl.models import unwrap_model_for_generation
 
-    from .generation import generate
     from respo_trl.grading import accuracy_scores
+
+    from .generation import generate
 
     accelerator = trainer.accelerator
     shard = dataset.select(range(accelerator.process_index, len(dataset), accelerator.num_processes))

@@ -1,5 +1,5 @@
 """The recipe's model: a Hub or local model checked by its config before weights load, MoE router settings, and the
-embedded demo's tiny model with its warm start (the demo's parts live in :mod:`respo_trl.demo`)."""
+default run's tiny model (:mod:`respo_trl.builtin.tiny_model`) with its warm start."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 
 from trl import ModelConfig
 
+from ..builtin.tiny_model import build_char_tokenizer, tiny_qwen3
 from ..config import ReSPOConfig
 from .arguments import RecipeArguments, RecipeError
 
@@ -84,8 +85,6 @@ def pick_cpu_threads(training_args: ReSPOConfig, tiny: bool, logger) -> None:
 
 
 def build_tiny(script_args: RecipeArguments, seed: int):
-    from respo_trl.demo.tiny import build_char_tokenizer, tiny_qwen3
-
     tokenizer = build_char_tokenizer()
     model = tiny_qwen3(
         tokenizer,

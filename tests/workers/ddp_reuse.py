@@ -11,11 +11,11 @@ import sys
 # torchrun runs this file by path, so tests/ (conftest's CPU_ARGS) is not on its path; respo_trl is on PYTHONPATH
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from conftest import CPU_ARGS, crc_reward  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
-from conftest import CPU_ARGS, crc_reward  # noqa: E402
 from respo_trl import ReSPOConfig, ReSPOTrainer  # noqa: E402
-from respo_trl.demo.tiny import build_char_tokenizer, tiny_qwen3  # noqa: E402
+from respo_trl.builtin.tiny_model import build_char_tokenizer, tiny_qwen3  # noqa: E402
 
 out = sys.argv[1]
 tokenizer = build_char_tokenizer()
