@@ -12,6 +12,8 @@ import os
 import platform
 import statistics
 import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The machine: timings mean little without the machine, threads and load
@@ -107,6 +109,68 @@ def warm_start(model_kind: str, seed: int, extra: list[str], path: str) -> str:
     tokenizer.save_pretrained(tmp)
     os.replace(tmp, path)  # a crash never leaves a half-written warm start behind
     return path
+
+
+def load_runs(folder) -> dict[str, dict]:
+    """The finished runs' records in ``folder`` (``<name>.json``), by run name, sorted (the summaries' order does not
+    depend on the disk); empty when the folder does not exist."""
+    import json
+    from pathlib import Path
+
+    folder = Path(folder)
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))} if folder.exists() else {}
+
+
+def next_ready(queue: list[dict], ready: set, free: int) -> list[dict]:
+    """The first ``free`` specs of ``queue``, in its order, that need nothing or whose ``needs`` is in ``ready``."""
+    return [s for s in queue if s.get("needs") is None or s["needs"] in ready][: max(free, 0)]
+
+
+def run_pool(specs: list[dict], run, *, workers: int, done: dict[str, dict], prepare: dict | None = None,
+             on_prepared=None, on_result=None) -> dict[str, dict]:  # fmt: skip
+    """The benchmarks' one resumable runner: every spec whose ``name`` is not in ``done`` runs as ``run(spec)`` (a
+    module-level function returning the run's record) in ``workers`` spawned processes with one torch thread each.
+
+    Resumable: what is in ``done`` (the records already on disk, :func:`load_runs`) is never rerun, and ``run`` itself
+    resumes a run cut mid-way from its checkpoint when it has one. ``prepare`` maps a key to ``(function, args)``
+    jobs that must finish first (warm starts); a spec naming one in ``needs`` waits for it. Runs start in the specs'
+    order (the most useful partial result first), one per free worker, each as soon as what it needs is ready; a spec
+    with a ``log`` path says where its progress goes when it starts (a run can be an hour of silence otherwise).
+    ``on_prepared(key, result)`` and ``on_result(index, total, record, seconds)`` report; the default says one line
+    per finished run. Returns ``done`` with the new records added."""
+    import time
+
+    todo = [s for s in specs if s["name"] not in done]
+    prepare = {key: job for key, job in (prepare or {}).items() if any(s.get("needs") == key for s in todo)}
+    start, finished = time.time(), 0
+    on_result = on_result or (lambda i, n, record, t: print(f"  [{i}/{n}] {record['name']} ({t:.0f} s)", flush=True))
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=init_worker) as pool:
+        pending = {pool.submit(function, *job_args): ("prepare", key) for key, (function, job_args) in prepare.items()}
+        queue, ready = list(todo), set()
+
+        def submit_ready():
+            running = sum(kind == "run" for kind, _ in pending.values())
+            for spec in next_ready(queue, ready, workers - running):
+                queue.remove(spec)
+                pending[pool.submit(run, spec)] = ("run", spec["name"])
+                if spec.get("log"):
+                    print(f"  started {spec['name']}: progress in {spec['log']}", flush=True)
+
+        submit_ready()
+        while pending:
+            future = next(as_completed(pending))
+            kind, key = pending.pop(future)
+            result = future.result()
+            if kind == "prepare":
+                ready.add(key)
+                if on_prepared:
+                    on_prepared(key, result)
+            else:
+                finished += 1
+                done[result["name"]] = result
+                on_result(finished, len(todo), result, time.time() - start)
+            submit_ready()
+    return done
 
 
 def resume_state(output_dir: str, updates: int) -> tuple[str | None, dict | None]:

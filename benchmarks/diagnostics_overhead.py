@@ -37,7 +37,7 @@ def measure(hidden: int, layers: int, args, tokenizer, dataset, tmp) -> dict:
         num_generations=4,
         max_completion_length=args.completion_len,
         generation_kwargs={"min_new_tokens": args.completion_len},
-        respo_reuse=2,
+        num_iterations=2,
         max_steps=1,
         learning_rate=1e-3,
     )

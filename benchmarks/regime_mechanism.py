@@ -42,15 +42,16 @@ from benchmarks import regime_runs
 from benchmarks.common import (
     LOSS_ARGS,
     command,
-    init_worker,
     kl_by_staleness,
     machine_info,
+    load_runs,
     paired,
     per_update_kl,
+    run_pool,
     t_quantile,
     warm_start,
 )
-from benchmarks.regime_runs import base_spec, load_runs, run_all, run_one, run_stats
+from benchmarks.regime_runs import base_spec, run_all, run_one, run_stats
 
 SETTING, LR, N = "long-nuisance", 1e-4, regime_runs.N_PAPER
 SEEDS = (1, 2, 3, 4)  # seed 0 learns under no arm (docs/benchmarks/regime.md 5.3)
@@ -343,8 +344,6 @@ def reproduces(args) -> dict:
     of those updates with the stored history: the runs of 5.5 span sessions and code changes, and pairing them with
     5.3's runs is only sound while the code still reproduces those runs exactly (one thread: bit for bit)."""
     import tempfile
-    from concurrent.futures import ProcessPoolExecutor
-    from multiprocessing import get_context
 
     stored = load_runs(Path(args.stored, "arms"))[run_name(args.arm, N_of(args.smoke) if args.arm != "onpolicy"
                                                                   else 1, args.seed)]  # fmt: skip
@@ -352,11 +351,9 @@ def reproduces(args) -> dict:
         spec = base_spec(args, stored["setting"], args.seed)
         spec.update(N=stored["N"], name=stored["name"], stage="check", arm=stored["arm"], lr=stored["lr"],
                     loss_args=stored["loss_args"], evaluate=False, updates=args.updates, runs_dir=tmp, scratch=tmp,
-                    logs_dir=tmp)  # fmt: skip
-        with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=init_worker) as pool:
-            pool.submit(warm_start, "dense", args.seed, [*spec["setting_args"], *spec["extra"]],
-                        spec["warm_path"]).result()  # fmt: skip
-            fresh = pool.submit(run_one, spec).result()
+                    logs_dir=tmp, needs="warm")  # fmt: skip
+        warm = (warm_start, ("dense", args.seed, [*spec["setting_args"], *spec["extra"]], spec["warm_path"]))
+        fresh = run_pool([spec], run_one, workers=1, done={}, prepare={"warm": warm})[stored["name"]]
     old = {h["step"]: h for h in stored["history"] if h["step"] <= args.updates}
     new = {h["step"]: h for h in fresh["history"]}
     differ = [f"step {step} {key}: {old[step][key]!r} -> {new[step].get(key)!r}" for step in sorted(old)

@@ -14,19 +14,18 @@ import math
 import os
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
 from pathlib import Path
 
 from benchmarks.common import (
     HISTORY_KEYS,
-    init_worker,
     late_mean,
+    load_runs,
     per_update_kl,
     pooled_positive_branch,
     pos_length_growth,
     pos_neg_weight_ratio,
     resume_state,
+    run_pool,
     train_logged,
     warm_start,
     write_record,
@@ -74,7 +73,7 @@ N_PAPER = 32
 UPDATES = 256
 RL_ARGS = [
     "--reward_funcs", "accuracy", "--reward_weights", "1.0", "--num_generations", "8",
-    "--per_device_train_batch_size", "64", "--gradient_accumulation_steps", "1", "--respo_reuse", "1",
+    "--per_device_train_batch_size", "64", "--gradient_accumulation_steps", "1", "--num_iterations", "1",
     "--weight_decay", "0.1", "--max_grad_norm", "1.0", "--lr_scheduler_type", "constant_with_warmup",
     "--warmup_steps", "12", "--temperature", "1.0", "--beta", "0.0", "--heldout_size", "256",
     "--heldout_eval_steps", "0", "--keep_best_heldout", "false",
@@ -151,7 +150,7 @@ def run_one(spec: dict) -> dict:
     resume, finished = resume_state(output_dir, spec["updates"])
     argv = [
         *spec["setting_args"], *RL_ARGS, *spec["extra"], *spec["loss_args"], "--seed", str(spec["seed"]),
-        "--steps_per_generation", str(n), "--respo_updates_per_rollout", str(n), "--max_steps", str(spec["updates"]),
+        "--respo_updates_per_rollout", str(n), "--max_steps", str(spec["updates"]),
         "--learning_rate", str(spec["lr"]), "--eval_mode", "greedy" if spec["evaluate"] else "none",
         "--output_dir", output_dir, "--warmstart_steps", "0",  # the warm start is loaded, not redone
         "--save_strategy", "steps", "--save_steps", str(n), "--save_total_limit", "2",  # a checkpoint per cycle
@@ -248,16 +247,13 @@ def base_spec(args, setting: str, seed: int) -> dict:
         "warm_path": str(work / "warm" / f"{setting}-seed{seed}"), "scratch": str(work / "scratch"),
         "logs_dir": str(work / "logs"), "eval_samples": SMOKE["eval_samples"] if args.smoke else 8,
         "N": SMOKE["N"] if args.smoke else N_PAPER, "updates": SMOKE["updates"] if args.smoke else UPDATES,
+        "needs": (setting, seed),  # the warm start (profiled once per setting and seed) a run waits for
     }  # fmt: skip
 
 
-def next_runs(queue: list[dict], ready: set, free: int) -> list[dict]:
-    """The first ``free`` runs of ``queue``, in its order, whose warm start (setting, seed) is in ``ready``."""
-    return [s for s in queue if (s["setting"], s["seed"]) in ready][: max(free, 0)]
-
-
 def run_all(args, specs: list[dict], runs_dir: Path) -> dict[str, dict]:
-    """Warm starts first (profiled once per setting and seed), then every run not already in ``runs_dir``."""
+    """Warm starts first (profiled once per setting and seed), then every run not already in ``runs_dir``
+    (:func:`benchmarks.common.run_pool`)."""
     done = load_runs(runs_dir)
     todo = [s for s in specs if s["name"] not in done]
     warm = {(s["setting"], s["seed"]): s for s in todo}
@@ -266,55 +262,29 @@ def run_all(args, specs: list[dict], runs_dir: Path) -> dict[str, dict]:
           f"{len(profiles_needed)} warm starts to build/profile; {args.workers} workers", flush=True)  # fmt: skip
     for d in (runs_dir, Path(args.work, "scratch"), Path(args.work, "logs")):
         d.mkdir(parents=True, exist_ok=True)
-    start = time.time()
     n_prompts = SMOKE["profile_prompts"] if args.smoke else 512
-    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"), initializer=init_worker) as pool:
-        # Warm starts first. Runs go to the pool in the order of ``specs`` (the most useful partial result first), one
-        # per free worker, each as soon as its own warm start is ready: the pool's queue is first-in first-out, so
-        # queueing a seed's runs when its warm start lands would run them in the order the warm starts finished.
-        pending, queue, ready = {}, list(todo), set()
-        for key, s in warm.items():
-            pending[pool.submit(profile_warm_start, s["setting"], s["seed"], [*s["setting_args"], *s["extra"]],
-                                s["warm_path"], n_prompts, s["eval_samples"])] = ("profile", key)  # fmt: skip
+    prepare = {key: (profile_warm_start, (s["setting"], s["seed"], [*s["setting_args"], *s["extra"]], s["warm_path"],
+                                          n_prompts, s["eval_samples"])) for key, s in warm.items()}  # fmt: skip
+    for s in todo:
+        s["log"] = str(Path(s["logs_dir"], s["name"] + ".log"))
 
-        def submit_ready():
-            for spec in next_runs(queue, ready, args.workers - sum(k == "run" for k, _ in pending.values())):
-                queue.remove(spec)
-                pending[pool.submit(run_one, spec)] = ("run", spec["name"])
-                # a run is 20-60 minutes of silence here: say where its progress bar is
-                print(f"  started {spec['name']}: progress in {Path(spec['logs_dir'], spec['name'] + '.log')}",
-                      flush=True)  # fmt: skip
+    def prepared(key, result):
+        t1 = result["train_t1"]
+        print(f"  warm start {result['setting']} seed {result['seed']}: T=1 accuracy {100 * t1['accuracy']:.1f}%, "
+              f"{t1['entropy_per_token']:.3f} nats/token, {t1['entropy_per_response']:.1f} nats/response, "
+              f"{t1['mean_length']:.0f} tokens", flush=True)  # fmt: skip
 
-        finished, total = 0, len(todo)
-        while pending:
-            future = next(as_completed(pending))
-            kind, key = pending.pop(future)
-            result = future.result()
-            if kind == "profile":
-                t1 = result["train_t1"]
-                print(f"  warm start {result['setting']} seed {result['seed']}: T=1 accuracy "
-                      f"{100 * t1['accuracy']:.1f}%, {t1['entropy_per_token']:.3f} nats/token, "
-                      f"{t1['entropy_per_response']:.1f} nats/response, {t1['mean_length']:.0f} tokens "
-                      f"({time.time() - start:.0f} s)", flush=True)  # fmt: skip
-                ready.add(key)
-                submit_ready()
-                continue
-            finished += 1
-            done[result["name"]] = result
-            submit_ready()
-            stats = run_stats(result)
-            late = stats["late_mean"]
-            # a gate run is the comparison's first half: its statistic pools the whole run (gate_summary)
-            share = pooled_positive_branch(result["history"])["share"] if result["stage"] == "gate" else stats["positive_branch"]["share"]
-            print(f"  [{finished}/{total}] {result['name']}: late-mean score "
-                  f"{'n/a' if late is None else f'{100 * late:.1f}%'}, low-W positives (first half) "
-                  f"{'n/a' if share != share else f'{100 * share:.1f}%'}, {result['wall_s']:.0f} s "
-                  f"({time.time() - start:.0f} s)", flush=True)  # fmt: skip
+    def finished(i, n, result, seconds):
+        stats = run_stats(result)
+        late = stats["late_mean"]
+        # a gate run is the comparison's first half: its statistic pools the whole run (gate_summary)
+        share = pooled_positive_branch(result["history"])["share"] if result["stage"] == "gate" else stats["positive_branch"]["share"]
+        print(f"  [{i}/{n}] {result['name']}: late-mean score {'n/a' if late is None else f'{100 * late:.1f}%'}, "
+              f"low-W positives (first half) {'n/a' if share != share else f'{100 * share:.1f}%'}, "
+              f"{result['wall_s']:.0f} s ({seconds:.0f} s)", flush=True)  # fmt: skip
+
+    done = run_pool(specs, run_one, workers=args.workers, done=done, prepare=prepare, on_prepared=prepared,
+                    on_result=finished)  # fmt: skip
     with contextlib.suppress(OSError):  # each run removed its own folder; another runner may share this one
         Path(args.work, "scratch").rmdir()
     return done
-
-
-def load_runs(folder: Path) -> dict[str, dict]:
-    """The finished runs' records in ``folder``, by run name (sorted: the summary's order does not depend on the disk)."""
-    return {p.stem: json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json"))}

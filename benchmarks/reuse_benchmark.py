@@ -52,7 +52,7 @@ def run_once(reuse: int, steps: int, completion_len: int, args, tokenizer, datas
         generation_kwargs={"min_new_tokens": completion_len},
         learning_rate=1e-4,
         max_steps=steps,
-        respo_reuse=reuse,
+        num_iterations=reuse,
         seed=0,
     )
     trainer = TimedTrainer(

@@ -42,11 +42,9 @@ import shutil
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
 from pathlib import Path
 
-from benchmarks.common import LOSS_ARGS, command, init_worker, machine_info, pos_length_growth, spread, warm_start
+from benchmarks.common import LOSS_ARGS, command, load_runs, machine_info, pos_length_growth, run_pool, spread, warm_start
 
 LOSSES = ("dapo", "gspo", "vespo", "respo")
 CLIPPED = "dapo"  # the baseline of the summary claims: TRL's default clipped loss
@@ -109,7 +107,7 @@ def run_arm(spec: dict) -> dict:
     argv = [
         *spec["extra"], *LOSS_ARGS[spec["loss"]], "--seed", str(spec["seed"]),
         # the tiny preset accumulates no gradients, so N updates per rollout batch = N steps per generation
-        "--respo_reuse", str(reuse), "--steps_per_generation", str(staleness), "--max_steps", str(spec["steps"]),
+        "--num_iterations", str(reuse), "--respo_updates_per_rollout", str(staleness), "--max_steps", str(spec["steps"]),
         "--heldout_eval_steps", str(spec["eval_steps"]), "--warmstart_steps", "0",
         "--save_strategy", "no", "--output_dir", output_dir,
     ]  # fmt: skip
@@ -578,30 +576,20 @@ def main(argv=None) -> dict:
     recipe.parse_args(["--tiny_model", "dense", *extra])
 
     specs = arm_specs(args, extra, runs_dir, warm_dir, scratch, logs)
-    results = {}
-    for spec in specs:
-        done = runs_dir / (spec["name"] + ".json")
-        if done.exists():
-            results[spec["name"]] = json.loads(done.read_text())
+    results = {name: run for name, run in load_runs(runs_dir).items() if name in {s["name"] for s in specs}}
     todo = [s for s in specs if s["name"] not in results]
     print(f"{len(specs)} arms, {len(results)} already done, {len(todo)} to run on {args.workers} workers")
+    warm = {(s["model"], s["seed"]): s["warm_path"] for s in todo}  # one warm start per (model, seed), shared by arms
+    for s in todo:
+        s["needs"] = (s["model"], s["seed"])
 
-    start = time.time()
-    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"), initializer=init_worker) as pool:
-        warm = {(s["model"], s["seed"]): s["warm_path"] for s in todo}
-        for future in as_completed(
-            [pool.submit(warm_start, m, seed, extra, path) for (m, seed), path in warm.items()]
-        ):
-            print(f"  warm start ready: {future.result()}  ({time.time() - start:.0f} s)", flush=True)
-        futures = {pool.submit(run_arm, spec): spec["name"] for spec in todo}
-        for i, future in enumerate(as_completed(futures), 1):
-            r = future.result()
-            results[r["name"]] = r
-            print(
-                f"  [{i}/{len(todo)}] {r['name']}: held-out {100 * r['before']:.1f}% -> {100 * r['after']:.1f}%, "
-                f"{r['generated_tokens'] / 1e3:.0f}k tokens, {r['wall_s']:.0f} s  ({time.time() - start:.0f} s)",
-                flush=True,
-            )
+    def finished(i, n, r, seconds):
+        print(f"  [{i}/{n}] {r['name']}: held-out {100 * r['before']:.1f}% -> {100 * r['after']:.1f}%, "
+              f"{r['generated_tokens'] / 1e3:.0f}k tokens, {r['wall_s']:.0f} s  ({seconds:.0f} s)", flush=True)
+
+    run_pool(specs, run_arm, workers=args.workers, done=results,
+             prepare={key: (warm_start, (key[0], key[1], extra, path)) for key, path in warm.items()},
+             on_prepared=lambda key, path: print(f"  warm start ready: {path}", flush=True), on_result=finished)
     shutil.rmtree(scratch, ignore_errors=True)
     return write_summary([results[s["name"]] for s in specs], args, argv, out)
 

@@ -6,7 +6,7 @@ Two measurements, both on random-init tiny Qwen3-MoE models (``respo_trl.builtin
    with and without :meth:`RoutingReplay.recording` (+ ``finish``), and one loss forward + backward over the same
    sequences with and without :meth:`RoutingReplay.replaying` (the router perturbed first, so that replay really
    overrides the router's choice). Settings alternate within each repeat; medians are reported.
-2. Drift in training: ``ReSPOTrainer`` with ``respo_routing_replay=True`` and ``respo_reuse`` passes over each
+2. Drift in training: ``ReSPOTrainer`` with ``respo_routing_replay=True`` and ``num_iterations`` passes over each
    generation batch; ``routing/drift`` (share of token x MoE-layer slots where the current router would pick another
    expert set than the sampler did) is averaged by reuse pass.
 
@@ -122,7 +122,7 @@ def drift_run(args, tokenizer, tmp) -> dict:
         per_device_train_batch_size=16,
         num_generations=4,
         max_completion_length=32,
-        respo_reuse=args.reuse,
+        num_iterations=args.reuse,
         respo_routing_replay=True,
         max_steps=args.steps,
         learning_rate=args.lr,

@@ -46,17 +46,17 @@ import math
 import os
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
 from pathlib import Path
 
 from benchmarks.common import (
     HISTORY_KEYS,
     late_mean,
+    load_runs,
     paired,
     per_update_kl,
     pos_neg_weight_ratio,
     resume_state,
+    run_pool,
     train_logged,
     write_record,
 )
@@ -488,35 +488,19 @@ def gate_specs(args, task: str) -> list[dict]:
 
 
 def run_all(args, specs: list[dict], runs_dir: Path) -> dict[str, dict]:
+    """Every run of ``specs`` not yet in ``runs_dir`` (:func:`benchmarks.common.run_pool`)."""
     done = load_runs(runs_dir)
-    todo = [s for s in specs if s["name"] not in done]
-    for s in todo:
-        s["runs_dir"] = str(runs_dir)
     for d in (runs_dir, Path(args.work, "scratch"), Path(args.work, "logs")):
         d.mkdir(parents=True, exist_ok=True)
-    print(f"{len(specs)} runs, {len(specs) - len(todo)} done, {len(todo)} to run; {args.workers} workers", flush=True)
-    start = time.time()
-    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"), initializer=_init_worker) as pool:
-        queue, pending, finished = list(todo), {}, 0
+    for s in specs:
+        s.update(runs_dir=str(runs_dir), log=str(Path(args.work, "logs", s["name"] + ".log")))
+    todo = sum(s["name"] not in done for s in specs)
+    print(f"{len(specs)} runs, {len(specs) - todo} done, {todo} to run; {args.workers} workers", flush=True)
 
-        def submit_next():  # one run per free worker, in the specs' order: a run is 45-60 min of silence otherwise
-            while queue and len(pending) < args.workers:
-                spec = queue.pop(0)
-                pending[pool.submit(run_one, spec)] = spec["name"]
-                print(f"  started {spec['name']}: progress in {Path(args.work, 'logs', spec['name'] + '.log')}",
-                      flush=True)  # fmt: skip
+    def report(i, n, record, seconds):
+        print(f"  [{i}/{n}] {record['name']}: {one_line(record)} ({seconds:.0f} s)", flush=True)
 
-        submit_next()
-        while pending:
-            future = next(as_completed(pending))
-            del pending[future]
-            record = future.result()
-            done[record["name"]] = record
-            finished += 1
-            print(f"  [{finished}/{len(todo)}] {record['name']}: {one_line(record)} ({time.time() - start:.0f} s)",
-                  flush=True)  # fmt: skip
-            submit_next()
-    return done
+    return run_pool(specs, run_one, workers=args.workers, done=done, on_result=report)
 
 
 def one_line(record: dict) -> str:
@@ -531,10 +515,6 @@ def one_line(record: dict) -> str:
         share = reading["share_pos"]
         parts.append(f"k={k}: {'n/a' if share is None else f'{100 * share:.0f}%'} of {reading['n_pos']} positives low-W")
     return ", ".join(parts)
-
-
-def load_runs(folder: Path) -> dict[str, dict]:
-    return {p.stem: json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json"))} if Path(folder).exists() else {}
 
 
 def gate_stage(args) -> dict:

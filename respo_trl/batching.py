@@ -65,8 +65,8 @@ def paper_batch(
     ``ValueError`` naming what to change (``accumulation_given``: the accumulation was set on the command line)."""
     if epochs != 1:
         raise ValueError(
-            f"the paper's staleness N uses each sample once, so num_iterations (respo_reuse) must be 1, got "
-            f"{epochs}: drop --num_iterations/--respo_reuse (epochs are the *-epochs4 presets)"
+            f"the paper's staleness N uses each sample once, so num_iterations must be 1, got "
+            f"{epochs}: drop --num_iterations (epochs are the *-epochs4 presets)"
         )
     M, G, b, P, g = prompts_per_update, num_generations, per_device_train_batch_size, num_processes, gradient_accumulation_steps
     if M < 1:
@@ -111,7 +111,8 @@ def batch_plan(args, num_processes: int, sampled_eval: bool = False) -> dict:
     """
     per_device, accumulation = _get(args, "per_device_train_batch_size"), _get(args, "gradient_accumulation_steps")
     steps_per_generation, generations = _get(args, "steps_per_generation"), _get(args, "num_generations")
-    epochs = _get(args, "respo_reuse", _get(args, "num_iterations", 1))
+    reuse = _get(args, "respo_reuse", None)  # the deprecated alias, when a raw config still carries it
+    epochs = max(_get(args, "num_iterations", 1), reuse or 1)
     max_steps = _get(args, "max_steps")
     generation_batch = per_device * num_processes * steps_per_generation
     problems = []

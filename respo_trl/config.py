@@ -9,6 +9,7 @@ ReSPO does with the settings it reinterprets; the trainer logs them once.
 from __future__ import annotations
 
 import difflib
+import warnings
 import math
 from dataclasses import dataclass, field
 
@@ -91,9 +92,10 @@ class ReSPOConfig(GRPOConfig):
             The paper's ``N``: optimizer updates fed by one rollout batch, each sample used once (mini-batch ``k`` is
             ``k`` updates stale). Sets ``steps_per_generation = N x gradient_accumulation_steps``; leave unset to use
             TRL's ``steps_per_generation`` / ``generation_batch_size`` directly.
-        respo_reuse (`int`, defaults to `1`):
-            Epochs ``R``: optimizer passes over each rollout batch. It is TRL's ``num_iterations`` under another name:
-            set either one (setting both to different values is an error). Not in the paper.
+        respo_reuse (`int`, *optional*):
+            Deprecated (0.6; removed in 0.7): TRL's ``num_iterations`` under another name (epochs ``R``, optimizer
+            passes over each rollout batch). Setting it warns once and sets ``num_iterations``; setting both to
+            different values is an error. After construction it always mirrors ``num_iterations``.
         respo_reshuffle (`bool`, *optional*):
             Draw a new mini-batch composition on every reuse pass. Unset: on for ``loss_type="respo"``, off for TRL's
             losses (TRL replays the same mini-batches, and a baseline must train exactly as TRL trains it).
@@ -213,9 +215,9 @@ class ReSPOConfig(GRPOConfig):
             "steps_per_generation = N x gradient_accumulation_steps."
         },
     )
-    respo_reuse: int = field(
-        default=1,
-        metadata={"help": "Epochs R over each rollout batch (>= 1). Alias of TRL's num_iterations; set one of them."},
+    respo_reuse: int | None = field(
+        default=None,
+        metadata={"help": "Deprecated: use num_iterations (the same setting, epochs R over each rollout batch)."},
     )
     respo_reshuffle: bool | None = field(
         default=None,
@@ -285,14 +287,22 @@ class ReSPOConfig(GRPOConfig):
         self.steps_per_generation = steps
 
     def _reconcile_reuse(self) -> None:
-        reuse = _positive_int("respo_reuse", self.respo_reuse)
         iterations = _positive_int("num_iterations", self.num_iterations)
-        if reuse != 1 and iterations != 1 and reuse != iterations:
-            raise ValueError(
-                f"respo_reuse={reuse} and num_iterations={iterations} disagree: they are the same setting (optimizer "
-                "passes per rollout batch). Set only one of them."
+        if self.respo_reuse is not None:  # the deprecated alias: warn, then it sets num_iterations
+            reuse = _positive_int("respo_reuse", self.respo_reuse)
+            warnings.warn(
+                f"respo_reuse={reuse} is deprecated and goes in respo_trl 0.7: set num_iterations={reuse} instead "
+                "(TRL's name for the same setting, epochs over each rollout batch)",
+                FutureWarning,
+                stacklevel=4,
             )
-        self.respo_reuse = self.num_iterations = max(reuse, iterations)
+            if reuse != 1 and iterations != 1 and reuse != iterations:
+                raise ValueError(
+                    f"respo_reuse={reuse} and num_iterations={iterations} disagree: they are the same setting "
+                    "(optimizer passes per rollout batch). Set only num_iterations."
+                )
+            iterations = max(reuse, iterations)
+        self.respo_reuse = self.num_iterations = iterations  # the alias mirrors TRL's field for code that reads it
 
     def validate_respo(self) -> None:
         """Check the ReSPO fields (also used when a plain ``GRPOConfig`` is upgraded)."""
@@ -316,7 +326,7 @@ class ReSPOConfig(GRPOConfig):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not 0.0 < value < upper):  # fmt: skip
                 raise ValueError(f"{name} must be in (0, {upper:g}) or unset, got {value!r}")
-        _positive_int("respo_reuse (num_iterations)", self.respo_reuse)
+        _positive_int("num_iterations", self.num_iterations)
         if self.respo_min_ess is not None and not (
             isinstance(self.respo_min_ess, (int, float)) and 0.0 < self.respo_min_ess <= 1.0
         ):

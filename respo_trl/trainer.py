@@ -168,7 +168,7 @@ class ReSPOTrainer(GRPOTrainer):
         # micro-steps one rollout batch serves (N x accumulation per pass, R passes): the batch plan's arithmetic
         self._cycle_micro_steps = micro_steps_per_cycle(args.steps_per_generation, self.num_iterations)
         self.rollouts = RolloutBuffer(
-            reuse=args.respo_reuse,
+            reuse=args.num_iterations,
             steps_per_generation=args.steps_per_generation,
             reshuffle=args.respo_reshuffle_active,
             seed=args.seed,

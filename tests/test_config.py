@@ -124,11 +124,18 @@ def test_respo_errors_come_before_trls(configs, tmp_path):
         configs[0](output_dir=str(tmp_path), respo_beta_pos=2.0)  # bf16 defaults on: TRL would fail too
 
 
-def test_reuse_is_num_iterations(configs, tmp_path):
-    assert build(configs, tmp_path, respo_reuse=4).num_iterations == 4
-    assert build(configs, tmp_path, num_iterations=3).respo_reuse == 3
-    assert build(configs, tmp_path, num_iterations=2, respo_reuse=2).num_iterations == 2
-    with pytest.raises(ValueError, match="respo_reuse=4 and num_iterations=2"):
+def test_respo_reuse_is_a_deprecated_name_of_num_iterations(configs, tmp_path):
+    """0.6: epochs have one name, TRL's num_iterations; respo_reuse still works for a release and says what to use."""
+    import warnings
+
+    with pytest.warns(FutureWarning, match=r"respo_reuse=4 is deprecated .* set num_iterations=4 instead"):
+        assert build(configs, tmp_path, respo_reuse=4).num_iterations == 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the field's own name never warns
+        assert build(configs, tmp_path, num_iterations=3).respo_reuse == 3  # the alias mirrors it for old readers
+    with pytest.warns(FutureWarning):
+        assert build(configs, tmp_path, num_iterations=2, respo_reuse=2).num_iterations == 2
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="respo_reuse=4 and num_iterations=2 disagree"):
         build(configs, tmp_path, num_iterations=2, respo_reuse=4)
 
 
@@ -154,7 +161,7 @@ def test_config_parses_from_command_line(configs):
 
     (args,) = TrlParser((configs[0],)).parse_args_into_dataclasses(
         ["--output_dir", "x", "--use_cpu", "--bf16", "False", "--respo_trust_mask", "directional", "--respo_min_ess", "0.3",
-         "--respo_reuse", "4"]
+         "--num_iterations", "4"]
     )
     assert args.respo_trust_mask == "directional" and args.respo_min_ess == 0.3 and args.num_iterations == 4
 

@@ -77,7 +77,7 @@ def test_qwen3_preset_parses_into_a_valid_config_for_the_gpus_it_names(recipe, p
     script, training, model = recipe.parse_args(["--preset", preset, "--use_cpu", "true"])
     assert isinstance(training, ReSPOConfig) and isinstance(model, ModelConfig)
     assert model.model_name_or_path.startswith("Qwen/Qwen3-") and model.dtype == "bfloat16"
-    assert training.loss_type == "respo" and training.respo_reuse == training.num_iterations == 4
+    assert training.loss_type == "respo" and training.num_iterations == 4
     assert training.use_vllm and training.vllm_mode == "colocate"
     assert training.vllm_importance_sampling_correction and training.vllm_importance_sampling_mode == "token_truncate"
     assert 8192 <= training.max_completion_length <= 32768
@@ -110,10 +110,12 @@ def test_no_arguments_is_the_tiny_cpu_preset_and_overrides_apply(recipe):
     script, training, model = recipe.parse_args([])
     assert script.preset == "tiny-cpu" and script.tiny_model == "dense" and model.model_name_or_path is None
     assert training.use_cpu and not training.bf16 and not training.activation_checkpointing
-    assert training.respo_reuse == 4 and training.loss_type == "respo" and script.eval_mode == "greedy"
+    assert training.num_iterations == 4 and training.loss_type == "respo" and script.eval_mode == "greedy"
     assert script.dataset_name == "builtin:arithmetic" and script.warmstart_steps > 0
-    script, training, _ = recipe.parse_args(["--seed", "3", "--respo_reuse", "2", "--output_dir", "elsewhere"])
-    assert (training.seed, training.respo_reuse, training.output_dir) == (3, 2, "elsewhere")
+    script, training, _ = recipe.parse_args(["--seed", "3", "--num_iterations", "2", "--output_dir", "elsewhere"])
+    assert (training.seed, training.num_iterations, training.output_dir) == (3, 2, "elsewhere")
+    with pytest.warns(FutureWarning, match="set num_iterations=2 instead"):  # the deprecated name overrides the preset
+        assert recipe.parse_args(["--respo_reuse", "2", "--output_dir", "elsewhere"])[1].num_iterations == 2
     assert script.preset == "tiny-cpu"
 
 
@@ -187,7 +189,7 @@ def test_paper_preset_is_the_papers_training_setup(recipe, preset):
     assert (training.weight_decay, training.max_grad_norm, training.beta) == (0.1, 1.0, 0.0)
     # batch: 32 prompts x 8 responses per update, N = 8 updates per rollout batch, each sample once, 1,024 updates
     assert (script.prompts_per_update, training.respo_updates_per_rollout, training.num_generations) == (32, 8, 8)
-    assert (training.num_iterations, training.respo_reuse, training.max_steps) == (1, 1, 1024)
+    assert (training.num_iterations, training.max_steps) == (1, 1024)
     assert training.scale_rewards == "group" and not training.mask_truncated_completions
     # rollouts: vLLM, temperature 1, top-p 1, response cap; no sampler correction (the paper applies none)
     assert (training.temperature, training.top_p, training.top_k) == (1.0, 1.0, 0)
@@ -293,7 +295,7 @@ def test_paper_preset_on_fewer_gpus_than_vllm_tensor_parallelism_names_the_field
         (["--steps_per_generation", "64"], 8,
          r"respo_updates_per_rollout=8 means steps_per_generation = 8 x gradient_accumulation_steps \(16\) = 128, "
          r"but steps_per_generation=64 was also set"),
-        (["--num_iterations", "4"], 8, r"num_iterations \(respo_reuse\) must be 1, got 4"),
+        (["--num_iterations", "4"], 8, r"num_iterations must be 1, got 4"),
         (["--generation_batch_size", "512"], 8,
          r"respo_updates_per_rollout=8 and generation_batch_size=512 both size the rollout batch: set only one"),
         (["--algorithm", "gspo", "--loss_type", "dapo"], 8,

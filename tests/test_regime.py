@@ -11,6 +11,7 @@ import pytest
 from conftest import ROOT
 
 from benchmarks import common, regime, regime_runs
+from benchmarks.common import next_ready
 from respo_trl.builtin.task import ArithmeticTask
 
 
@@ -112,9 +113,9 @@ def test_runs_start_in_the_comparisons_order_as_workers_free_up(tmp_path, monkey
     queue = [s for s in specs if s["name"] in ("respo_pos1-N32-seed2", "gspo-N32-seed0", "onpolicy-N1-seed0",
                                                "dapo_clip_higher-N32-seed0")]  # fmt: skip
     seed0, seed2 = ("long-nuisance", 0), ("long-nuisance", 2)
-    assert [s["name"] for s in regime_runs.next_runs(queue, {seed0}, 2)] == ["gspo-N32-seed0", "onpolicy-N1-seed0"]
-    assert [s["name"] for s in regime_runs.next_runs(queue, {seed0, seed2}, 1)] == ["respo_pos1-N32-seed2"]
-    assert regime_runs.next_runs(queue, {seed0, seed2}, 0) == []
+    assert [s["name"] for s in next_ready(queue, {seed0}, 2)] == ["gspo-N32-seed0", "onpolicy-N1-seed0"]
+    assert [s["name"] for s in next_ready(queue, {seed0, seed2}, 1)] == ["respo_pos1-N32-seed2"]
+    assert next_ready(queue, {seed0, seed2}, 0) == []
 
     # and run_all dispatches that way: a pool that runs each task when submitted, warm starts landing seed 0 first
     from concurrent.futures import Future
@@ -146,8 +147,8 @@ def test_runs_start_in_the_comparisons_order_as_workers_free_up(tmp_path, monkey
         started.append(spec["name"])
         return {"name": spec["name"], "stage": "compare", "wall_s": 0.0}
 
-    monkeypatch.setattr(regime_runs, "ProcessPoolExecutor", Pool)
-    monkeypatch.setattr(regime_runs, "as_completed", lambda fs: iter(sorted(fs, key=lambda f: f.rank)))
+    monkeypatch.setattr(common, "ProcessPoolExecutor", Pool)  # the benchmarks' one runner (common.run_pool)
+    monkeypatch.setattr(common, "as_completed", lambda fs: iter(sorted(fs, key=lambda f: f.rank)))
     monkeypatch.setattr(regime_runs, "profile_warm_start", profile)
     monkeypatch.setattr(regime_runs, "run_one", run)
     monkeypatch.setattr(regime_runs, "run_stats", lambda r: {"late_mean": None, "positive_branch": {"share": math.nan}})

@@ -232,12 +232,12 @@ def test_training_with_routing_replay_logs_drift_and_keeps_routes_with_the_rows(
     # update stale, and before the reuse pass) runs and, the weights having moved, refreshes the batch: three more
     # recorded generations, whose routes must follow their rows as the first batch's do.
     refreshed = make_trainer(
-        moe=True, respo_routing_replay=True, respo_reuse=2, steps_per_generation=2, max_steps=4, respo_min_ess=1.0
+        moe=True, respo_routing_replay=True, num_iterations=2, steps_per_generation=2, max_steps=4, respo_min_ess=1.0
     )
     refreshed.train()
     assert refreshed.rollouts.refreshes == 3
     assert all(h["routing/drift"] == 0.0 for h in refreshed.state.log_history if "routing/drift" in h)  # all fresh
-    trainer = make_trainer(moe=True, respo_routing_replay=True, respo_reuse=2, steps_per_generation=2, max_steps=4)
+    trainer = make_trainer(moe=True, respo_routing_replay=True, num_iterations=2, steps_per_generation=2, max_steps=4)
     trainer.train()
     logs = [h for h in trainer.state.log_history if "routing/drift" in h]
     assert len(logs) == 4

@@ -76,7 +76,7 @@ def logged(trainer):
 
 
 def test_respo_trains_and_logs_every_diagnostic_on_every_step(make_trainer):
-    trainer = make_trainer(respo_reuse=2, max_steps=4)
+    trainer = make_trainer(num_iterations=2, max_steps=4)
     before = snapshot(trainer.model)
     trainer.train()
     assert changed(before, trainer.model)
@@ -112,7 +112,7 @@ def test_four_fold_reuse_samples_a_quarter_of_the_tokens(make_trainer):
 
 
 def test_moe_model_trains_with_router_aux_loss(make_trainer):
-    trainer = make_trainer(moe=True, respo_reuse=2, max_steps=2)
+    trainer = make_trainer(moe=True, num_iterations=2, max_steps=2)
     before = snapshot(trainer.model)
     trainer.train()
     assert changed(before, trainer.model)
@@ -131,7 +131,7 @@ def test_per_token_advantages_from_a_subclass_train(make_trainer):
             out["advantages"] = out["advantages"].unsqueeze(-1) * ramp  # sign flips along the completion
             return out
 
-    trainer = make_trainer(trainer_cls=PerTokenAdvantages, respo_reuse=2, max_steps=2)
+    trainer = make_trainer(trainer_cls=PerTokenAdvantages, num_iterations=2, max_steps=2)
     before = snapshot(trainer.model)
     trainer.train()
     assert changed(before, trainer.model)
@@ -148,7 +148,7 @@ def test_lora_adapter_trains(make_trainer):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]), **kwargs)
 
-    trainer = make_trainer(trainer_cls=LoRATrainer, respo_reuse=2, max_steps=2, learning_rate=5e-2)
+    trainer = make_trainer(trainer_cls=LoRATrainer, num_iterations=2, max_steps=2, learning_rate=5e-2)
     trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora" in n for n in trainable)
     before = snapshot(trainer.model)
@@ -157,7 +157,7 @@ def test_lora_adapter_trains(make_trainer):
 
 
 def test_kl_term_and_hub_style_loading_by_path(make_trainer, tiny_model_dir):
-    trainer = make_trainer(model=tiny_model_dir, beta=0.05, respo_reuse=2, max_steps=2)
+    trainer = make_trainer(model=tiny_model_dir, beta=0.05, num_iterations=2, max_steps=2)
     trainer.train()
     logs = logged(trainer)
     assert all("kl" in log and math.isfinite(log["kl"]) for log in logs)
@@ -182,7 +182,7 @@ def test_model_card_identifies_respo(make_trainer, tmp_path):
 
 
 def test_diagnostics_can_be_switched_off_but_reuse_accounting_stays(make_trainer):
-    trainer = make_trainer(respo_log_diagnostics=False, respo_reuse=2, max_steps=4)
+    trainer = make_trainer(respo_log_diagnostics=False, num_iterations=2, max_steps=4)
     trainer.train()
     logs = logged(trainer)
     assert all("starvation/grad_throughput/pos" not in log for log in logs)

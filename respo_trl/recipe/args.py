@@ -80,7 +80,10 @@ def parse_args(argv: list[str] | None = None, num_processes: int | None = None, 
     script_args, raw, model_args = make_parser(UncheckedConfig).parse_args_and_config(argv)
     processes = num_processes or resolve_dry_run(script_args).dry_run or launch_processes()
     values = {f.name: getattr(raw, f.name) for f in fields(ReSPOConfig) if f.init}
-    values.update(recipe_fields(script_args, raw, explicit_flags(argv), processes))
+    explicit = explicit_flags(argv)
+    if values.get("respo_reuse") is not None and "num_iterations" not in explicit:
+        values["num_iterations"] = values["respo_reuse"]  # the deprecated alias overrides a preset's num_iterations
+    values.update(recipe_fields(script_args, raw, explicit, processes))
     if script_args.dry_run and not values["use_cpu"]:
         import torch
 
@@ -176,7 +179,7 @@ def recipe_fields(script_args, raw, explicit: set[str], num_processes: int) -> d
             gradient_accumulation_steps=raw.gradient_accumulation_steps,
             accumulation_given="gradient_accumulation_steps" in explicit,
             respo_updates_per_rollout=raw.respo_updates_per_rollout, steps_per_generation=raw.steps_per_generation,
-            epochs=max(raw.num_iterations, raw.respo_reuse),  # aliases (ReSPOConfig reconciles them)
+            epochs=max(raw.num_iterations, raw.respo_reuse or 1),  # respo_reuse: num_iterations' deprecated alias
         ))  # fmt: skip
         if "steps_per_generation" not in explicit:
             values["steps_per_generation"] = None  # ReSPOConfig derives it from N and the accumulation above
