@@ -50,8 +50,8 @@ from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from ..builtin.task import ArithmeticTask
-from .model import load_tokenizer
+from ...builtin.task import ArithmeticTask
+from ..model import load_tokenizer
 
 logger = logging.getLogger("eval_math")
 
@@ -296,7 +296,7 @@ def generate_transformers(
     (:func:`respo_trl.recipe.generation.generate`: ``model.generate`` in left-padded batches of ``batch_size``
     sequences, the longest prompts first, a bar counting sequences); ``tokens`` is the generated length up to and
     including the end-of-sequence token (``max_new_tokens`` when cut off)."""
-    from .generation import generate
+    from ..generation import generate
 
     texts, lengths = generate(
         model, tokenizer, prompts, max_new_tokens=sampling.max_new_tokens, batch_size=batch_size,
@@ -364,7 +364,7 @@ def load_transformers_model(args):
         args.model, revision=args.revision, dtype=args.dtype, trust_remote_code=args.trust_remote_code
     )
     if device == "cpu" and sum(p.numel() for p in model.parameters()) < 50_000_000:
-        from .model import use_one_cpu_thread
+        from ..model import use_one_cpu_thread
 
         use_one_cpu_thread(logger, "small model on CPU")
     return model.to(device).eval()
