@@ -172,8 +172,17 @@ def test_benchmark_names_resolve(eval_math):
     assert label == "math500_sample" and spec.dataset == str(SAMPLE)
     with pytest.raises(ValueError, match="unknown benchmark"):
         eval_math.resolve_benchmark("not-a-benchmark")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(eval_math.RecipeError, match="does not exist"):  # one line on the command line, not a traceback
         eval_math.resolve_benchmark("missing.jsonl")
+
+
+def test_the_evaluators_error_is_the_recipes(eval_math):
+    """One error type for bad input in the recipe and the evaluator; 0.5's name stays one release, deprecated."""
+    from respo_trl.recipe import RecipeError
+
+    assert eval_math.RecipeError is RecipeError
+    with pytest.warns(DeprecationWarning, match="UsageError is RecipeError"):
+        assert eval_math.UsageError is RecipeError
 
 
 def test_local_files_map_to_the_common_schema(eval_math, tmp_path):
@@ -468,12 +477,15 @@ def test_respo_paper_protocol_end_to_end_with_length_bins_and_card(eval_math, ti
 
 
 def test_bad_model_path_and_malformed_jsonl_fail_in_one_line(tmp_path, tiny_model_dir):
-    """Run as a user would: a missing model folder, a folder that is no model, and a broken JSONL line each end the
-    command with one line naming the problem (no traceback)."""
+    """Run as a user would: a missing model folder, a folder that is no model, a broken JSONL line and an unknown
+    benchmark each end the command with one line naming the problem (no traceback) and the training recipe's exit
+    status for bad input (2; 0.5's evaluator had its own error class and exited 1)."""
     import subprocess
     import sys
 
     from conftest import ROOT
+
+    from respo_trl.recipe.cli import EXIT_BAD_INPUT
 
     good = tmp_path / "ok.jsonl"
     good.write_text('{"problem": "1+1", "answer": "2"}\n')
@@ -483,13 +495,15 @@ def test_bad_model_path_and_malformed_jsonl_fail_in_one_line(tmp_path, tiny_mode
         (["--model", str(tmp_path / "nope"), "--benchmarks", str(good)], "no such directory"),
         (["--model", str(tmp_path), "--benchmarks", str(good)], "not a model folder (no config.json)"),
         (["--model", tiny_model_dir, "--benchmarks", str(bad), "--backend", "transformers"], "broken.jsonl, line 2"),
+        (["--model", tiny_model_dir, "--benchmarks", "not-a-benchmark"], "unknown benchmark 'not-a-benchmark'"),
     ]
     for argv, message in cases:
         done = subprocess.run([sys.executable, str(ROOT / "recipes" / "eval_math.py"), *argv], capture_output=True,
                               text=True, timeout=300, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
-        assert done.returncode != 0
+        assert done.returncode == EXIT_BAD_INPUT == 2, done.stderr[-2000:]
         lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith(("INFO", "WARNING"))]
         assert "Traceback" not in done.stderr and len(lines) == 1 and message in lines[0], done.stderr[-2000:]
+        assert lines[0].startswith("error: ")  # the recipe's format (respo_trl.recipe.cli.one_line_errors)
 
 
 def test_a_recipe_output_dir_is_evaluated_as_it_trained_offline_and_keeps_earlier_results(eval_math, tiny_model_dir,
@@ -528,5 +542,5 @@ def test_a_recipe_output_dir_is_evaluated_as_it_trained_offline_and_keeps_earlie
     eval_math.main(["--model", str(run), "--n", "2"], generate=generate)
     assert (run / "eval_math.previous-1.json").read_text() == first  # kept, not replaced
     # a Hub benchmark offline is one line that says what to do, not a ConnectionError traceback
-    with pytest.raises(eval_math.UsageError, match="cannot load benchmark 'HuggingFaceH4/MATH-500'.*--local_data"):
+    with pytest.raises(eval_math.RecipeError, match="cannot load benchmark 'HuggingFaceH4/MATH-500'.*--local_data"):
         eval_math.main(["--model", str(run), "--benchmarks", "math500"], generate=generate)

@@ -10,7 +10,8 @@ import pytest
 from huggingface_hub import EvalResult, ModelCard
 
 from respo_trl.builtin.tiny_model import tiny_qwen3
-from respo_trl.hub.card import RESULTS_FILE, card_from_output_dir, main, weights_fingerprint
+from respo_trl.hub.card import card_from_output_dir, main, weights_fingerprint
+from respo_trl.recipe.eval_math import RESULTS_JSON  # the file the card reads, named by its writer
 
 
 def section(card: str, title: str) -> str:
@@ -133,7 +134,7 @@ def test_training_numbers_and_curves_come_from_the_log(trained):
 
 def test_eval_table_and_model_index_only_for_the_weights_evaluated(trained):
     trainer, output_dir, _ = trained
-    (output_dir / RESULTS_FILE).write_text(json.dumps(report_for(output_dir)))
+    (output_dir / RESULTS_JSON).write_text(json.dumps(report_for(output_dir)))
     trainer.create_model_card(dataset_name="openai/gsm8k")
     card = (output_dir / "README.md").read_text()
     evaluation = section(card, "Evaluation")
@@ -159,23 +160,33 @@ def test_eval_table_and_model_index_only_for_the_weights_evaluated(trained):
     assert ModelCard.load(output_dir / "README.md").data.datasets == ["openai/gsm8k"]
 
     # Results measured on other weights are not shown.
-    (output_dir / RESULTS_FILE).write_text(json.dumps(report_for(output_dir, fingerprint="0" * 64)))
+    (output_dir / RESULTS_JSON).write_text(json.dumps(report_for(output_dir, fingerprint="0" * 64)))
     trainer.create_model_card()
     card = (output_dir / "README.md").read_text()
     assert "measured on other weights" in section(card, "Evaluation") and "37.5" not in card
     assert ModelCard(card).data.eval_results is None
 
     # A local benchmark file gets the table but no model-index entry (model-index needs a Hub dataset id).
-    (output_dir / RESULTS_FILE).write_text(json.dumps(report_for(output_dir, dataset=str(output_dir / "x.jsonl"))))
+    (output_dir / RESULTS_JSON).write_text(json.dumps(report_for(output_dir, dataset=str(output_dir / "x.jsonl"))))
     trainer.create_model_card()
     card = (output_dir / "README.md").read_text()
     assert "| math500 | 6 |" in card and ModelCard(card).data.eval_results is None
-    (output_dir / RESULTS_FILE).unlink()
+    (output_dir / RESULTS_JSON).unlink()
+
+
+def test_the_card_reads_output_names_from_their_writers():
+    """The card has no copy of the evaluator's or the recipe's file names (0.5's RESULTS_FILE stays one release)."""
+    import respo_trl.hub.card as card
+    from respo_trl.recipe.report import REPORT_FILE
+
+    assert "eval_math.json" == RESULTS_JSON and REPORT_FILE == "report.json"
+    with pytest.warns(DeprecationWarning, match="RESULTS_FILE is respo_trl.recipe.eval_math.RESULTS_JSON"):
+        assert card.RESULTS_FILE == RESULTS_JSON
 
 
 def test_cli_rebuilds_the_card_from_an_output_dir(trained, tmp_path):
     _trainer, output_dir, _ = trained
-    (output_dir / RESULTS_FILE).write_text(json.dumps(report_for(output_dir, avg=0.25)))
+    (output_dir / RESULTS_JSON).write_text(json.dumps(report_for(output_dir, avg=0.25)))
     out = tmp_path / "card.md"
     main([str(output_dir), "--base_model", "Qwen/Qwen3-0.6B", "--hub_model_id", "me/tiny-respo", "--out", str(out)])
     card = out.read_text()
@@ -187,7 +198,7 @@ def test_cli_rebuilds_the_card_from_an_output_dir(trained, tmp_path):
         and (tmp_path / "card.png").read_bytes() == (output_dir / "training_curves.png").read_bytes()
     )
     assert "| math500 | 6 | 4 | 25.0 ± 10.0 |" in card and "| optimizer steps | 4 |" in card  # checkpoint-4's log
-    (output_dir / RESULTS_FILE).unlink()
+    (output_dir / RESULTS_JSON).unlink()
     with pytest.raises(FileNotFoundError, match="training_args.bin"):
         card_from_output_dir(tmp_path)
 

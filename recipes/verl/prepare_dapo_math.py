@@ -38,10 +38,7 @@ def problem_text(value) -> str:
     if isinstance(value, list):
         value = next((m.get("content", "") for m in value if isinstance(m, dict) and m.get("role") == "user"), "")
     text = str(value or "")
-    if text.startswith(DAPO_PREFIX):
-        text = text[len(DAPO_PREFIX):]
-    if text.endswith(DAPO_SUFFIX):
-        text = text[: -len(DAPO_SUFFIX)]
+    text = text.removeprefix(DAPO_PREFIX).removesuffix(DAPO_SUFFIX)
     return text.strip()
 
 

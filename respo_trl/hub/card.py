@@ -37,7 +37,10 @@ from ..kernels import CONSTANT_KEYS, RESPO_DEFAULTS
 from ..paper import RESPO_CITATION, TRAINER_TAGS
 
 TEMPLATE = "hub/templates/model_card.md"  # package data of respo_trl
-RESULTS_FILE = "eval_math.json"  # recipes/eval_math.py
+# The files the card reads are named by the modules that write them: the evaluation table by
+# respo_trl.recipe.eval_math.report.RESULTS_JSON, the recipe's report by respo_trl.recipe.report.REPORT_FILE, imported
+# where they are read (the recipe imports this module, and this module imports without TRL). The curve plot is this
+# module's own file (render_card writes it; the recipe's report lists it).
 CURVES_FILE = "training_curves.png"
 CARD_TAGS = ("respo", "trl", "rlvr", "reinforcement-learning")
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
@@ -120,14 +123,16 @@ def weights_fingerprint(model_dir: str | os.PathLike) -> str | None:
 
 def load_eval_report(output_dir: str | os.PathLike) -> tuple[dict | None, str | None]:
     """``(report, None)`` when ``eval_math.json`` in ``output_dir`` describes the weights there, else ``(None, why)``."""
-    path = Path(output_dir) / RESULTS_FILE
+    from ..recipe.eval_math.report import RESULTS_JSON
+
+    path = Path(output_dir) / RESULTS_JSON
     if not path.is_file():
         return None, None
     report = json.loads(path.read_text())
     current = weights_fingerprint(output_dir)
     if report.get("weights_sha256") is None or report.get("weights_sha256") != current:
         return None, (
-            f"`{RESULTS_FILE}` in the output directory was measured on other weights than the ones saved here, so it "
+            f"`{RESULTS_JSON}` in the output directory was measured on other weights than the ones saved here, so it "
             "is not reported; run `recipes/eval_math.py` on this checkpoint again."
         )
     return report, None
@@ -206,7 +211,9 @@ def training_summary(log_history: list[dict]) -> list[tuple[str, str]]:
 
 def recipe_report(output_dir: Path) -> dict:
     """The recipe's ``report.json`` in ``output_dir`` (empty when the run did not come from the recipe)."""
-    path = output_dir / "report.json"
+    from ..recipe.report import REPORT_FILE
+
+    path = output_dir / REPORT_FILE
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
@@ -357,15 +364,15 @@ def eval_metadata(report: dict) -> list[EvalResult]:
     for row in report["results"]:
         if not HUB_ID.match(row["dataset"]) or Path(row["dataset"]).exists():
             continue
-        common = dict(
-            task_type="text-generation",
-            task_name="Mathematical reasoning",
-            dataset_type=row["dataset"],
-            dataset_name=row["benchmark"],
-            dataset_config=row.get("config"),
-            dataset_split=row.get("split"),
-            metric_type="accuracy",
-        )
+        common = {
+            "task_type": "text-generation",
+            "task_name": "Mathematical reasoning",
+            "dataset_type": row["dataset"],
+            "dataset_name": row["benchmark"],
+            "dataset_config": row.get("config"),
+            "dataset_split": row.get("split"),
+            "metric_type": "accuracy",
+        }
         n = row["n"]
         results.append(EvalResult(**common, metric_name=f"avg@{n}", metric_value=round(100 * row["avg_at_n"], 2)))
         results.append(EvalResult(**common, metric_name=f"maj@{n}", metric_value=round(100 * row["maj_at_n"], 2)))
@@ -418,12 +425,12 @@ def render_card(
     )
     eval_fields = {}
     if report:
-        eval_fields = dict(
-            eval_table=results_table(report),
-            eval_settings=generation_summary(report),  # names the protocol (e.g. respo-paper) when one was used
-            eval_command=report.get("command", ""),
-            eval_date=report.get("date", "an unrecorded date"),
-        )
+        eval_fields = {
+            "eval_table": results_table(report),
+            "eval_settings": generation_summary(report),  # names the protocol (e.g. respo-paper) when one was used
+            "eval_command": report.get("command", ""),
+            "eval_date": report.get("date", "an unrecorded date"),
+        }
     recipe_eval = recipe_evaluation(run)
     missing = eval_problem or (
         ("For benchmark scores" if recipe_eval else "No evaluation has been recorded for these weights yet. For "
@@ -599,6 +606,18 @@ def main(argv=None) -> str:
     card.save(out)
     print(f"wrote {out}")
     return out
+
+
+def __getattr__(name):
+    if name == "RESULTS_FILE":  # until 0.6 the card kept its own copy of the evaluator's file name
+        import warnings
+
+        from ..recipe.eval_math.report import RESULTS_JSON
+
+        warnings.warn("respo_trl.hub.card.RESULTS_FILE is respo_trl.recipe.eval_math.RESULTS_JSON since 0.6; the old "
+                      "name goes in 0.7", DeprecationWarning, stacklevel=2)  # fmt: skip
+        return RESULTS_JSON
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":

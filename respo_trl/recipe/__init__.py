@@ -13,9 +13,12 @@ recipes/qwen3_respo.py``), importable by the benchmarks and tests as a package. 
 - :mod:`.report`: ``report.json``, the held-out curve file, plots and the model card, written in one place
   (``RunReport``);
 - :mod:`.plots`: the run's plots; :mod:`.cli`: how a run ends when it cannot go on (one line, what to change; Ctrl-C
-  says how to resume).
+  says how to resume);
+- :mod:`.eval_math`: benchmark evaluation of a checkpoint (what ``recipes/eval_math.py`` runs), a package with one
+  module per job; its bad input ends through :mod:`.cli` too.
 
-It imports TRL (it is glue, like the trainer); nothing in the library imports it.
+It imports TRL (it is glue, like the trainer); nothing in the library imports it at module level (the model card
+imports the names of the files it reads from :mod:`.report` and :mod:`.eval_math` when it reads them).
 """
 
 from ..batching import batch_plan

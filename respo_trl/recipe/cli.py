@@ -1,4 +1,5 @@
-"""How the recipe ends when it cannot go on: one line that says what to change, and no half-written output.
+"""How the recipe (training, and the benchmark evaluation of :mod:`.eval_math`) ends when it cannot go on: one line
+that says what to change, and no half-written output.
 
 A user who mistypes a flag, points at a model directory that does not exist or presses Ctrl-C wants the reason and
 the next command, not 20-140 lines of traceback (doubled by ``accelerate launch``). Problems with the input are
@@ -43,12 +44,17 @@ def _fail(message: str, code: int) -> None:
 
 
 @contextmanager
-def one_line_errors(parsing: bool = False, output_dir: str | None = None):
-    """Turn input problems into one ``error: ...`` line on stderr and a non-zero exit.
+def one_line_errors(
+    parsing: bool = False, output_dir: str | None = None, interrupted: str = "interrupted before training started"
+):
+    """Turn input problems into one ``error: ...`` line on stderr and a non-zero exit: :data:`EXIT_BAD_INPUT` for a
+    :class:`RecipeError`, :data:`EXIT_INTERRUPTED` for Ctrl-C. The training recipe and the benchmark evaluation
+    (:mod:`respo_trl.recipe.eval_math`) both end through it.
 
     ``parsing``: also a ``ValueError``/``TypeError`` (a field TRL or ReSPO rejects: no model is loaded yet).
     ``output_dir``: a directory this run is about to create; removed on failure if no checkpoint made it worth
-    keeping (so a failed start leaves nothing half-written behind).
+    keeping (so a failed start leaves nothing half-written behind). ``interrupted``: the line for a Ctrl-C outside
+    training (inside it, :class:`Interrupted` says where the run stands).
     """
     existed = output_dir is not None and os.path.exists(output_dir)
     handled = (RecipeError, ValueError, TypeError) if parsing else (RecipeError,)
@@ -62,5 +68,5 @@ def one_line_errors(parsing: bool = False, output_dir: str | None = None):
         if os.environ.get("RESPO_TRACEBACK", "0") not in ("0", "", "false"):
             raise
         if isinstance(error, KeyboardInterrupt):
-            _fail("interrupted before training started", EXIT_INTERRUPTED)
+            _fail(interrupted, EXIT_INTERRUPTED)
         _fail(str(error), EXIT_INTERRUPTED if isinstance(error, Interrupted) else EXIT_BAD_INPUT)

@@ -13,12 +13,14 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict
 
+REPORT_FILE = "report.json"  # every measured number, with the arguments (read by the model card and eval_math)
 CURVE_FILE = "heldout_curve.json"  # every held-out point as it is measured: a resumed run keeps the curve
 # every greedy held-out answer of each point, one JSON line per point ({"step", "answers"}), appended as measured: how a
 # policy fails (lengths, the form of wrong answers) is read here. After a resume a step may appear twice; the last wins.
 ANSWERS_FILE = "heldout_answers.jsonl"
 
 from ..batching import batch_plan
+from ..hub.card import CURVES_FILE
 
 
 def log_launch(script_args, training_args, world: int, logger) -> None:
@@ -109,10 +111,10 @@ def write_report(report: dict, trainer, script_args, training_args, model_args, 
         loss_name=training_args.loss_type,
         reward_label=reward_description(script_args.reward_funcs, training_args.reward_weights),
     )
-    curves = os.path.join(out, "training_curves.png")  # the model card's (respo_trl.hub.card)
+    curves = os.path.join(out, CURVES_FILE)  # the model card's (respo_trl.hub.card writes it)
     if os.path.isfile(curves):
         report["plots"].append(curves)
-    with open(os.path.join(out, "report.json"), "w") as f:
+    with open(os.path.join(out, REPORT_FILE), "w") as f:
         json.dump(report, f, indent=1, default=str)
     trainer.create_model_card(dataset_name=script_args.dataset_name)  # now with report.json's held-out numbers
 
