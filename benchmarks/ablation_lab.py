@@ -57,10 +57,10 @@ How to run
 ----------
     OMP_NUM_THREADS=1 python -m benchmarks.ablation_lab          # full grid + confirmation, ~9 CPU-min
     python -m benchmarks.ablation_lab --quick --out /tmp/abl     # smoke size, seconds
-    python -m benchmarks.ablation_lab --markdown-from docs/benchmarks/ablation_lab.json
+    python -m benchmarks.ablation_lab --markdown-from docs/benchmarks/ablation_lab/ablation_lab.json
     python -m benchmarks.ablation_lab --factors mask --seeds 0 1 2 --no-confirm --out /tmp/abl
 
-Writes ``--out``/``ablation_lab.json`` (default ``docs/benchmarks``) and ``ablation_lab.png`` (final reward by
+Writes ``--out``/``ablation_lab.json`` (default ``docs/benchmarks/ablation_lab``) and ``ablation_lab.png`` (final reward by
 variant, both regimes, the primary and check settings, error bars = std over seeds, clipped PPO as a band).
 
 Reuse on another setting: :func:`run_ablation` takes a ``runner(variants) -> {regime: {label: {"R=r"|"N=n":
@@ -687,7 +687,7 @@ QUICK_LEVELS = {"norm": [("respo_sqrt", {})],
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"), help="directory for the JSON and PNG")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "ablation_lab"), help="directory for the JSON and PNG")
     parser.add_argument("--quick", action="store_true", help="smoke size: reduced grid and lab (seconds)")
     parser.add_argument("--factors", nargs="+", default=["norm", "mask", "pos", "neg"],
                         choices=["norm", "mask", "pos", "neg"])

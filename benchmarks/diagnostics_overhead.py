@@ -6,7 +6,7 @@ clipped loss as a counterfactual, and gather one per-sequence table across proce
 on the same trainer (median of interleaved repeats), for tiny Qwen3 models of growing width. The tiny model is the
 worst case: the elementwise diagnostics are a larger share of a small model's step.
 
-    python -m benchmarks.diagnostics_overhead --out docs/benchmarks
+    python -m benchmarks.diagnostics_overhead --out docs/benchmarks/diagnostics_overhead
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def main():
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--completion_len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=40)
-    parser.add_argument("--out", default="docs/benchmarks")
+    parser.add_argument("--out", default="docs/benchmarks/diagnostics_overhead")
     parser.add_argument(
         "--threads", type=int, default=1,
         help="torch intra-op threads; 1 keeps timings sane on a shared 2-core box (2 threads spin-wait under load)",

@@ -14,12 +14,12 @@ What it measures (random-init weights from the published Qwen3 configurations; n
    with all rows in one batch and once row by row (what two forwards with different shapes or kernels do, as the
    trainer's and vLLM's do), with the lm_head in bf16 (TRL's default; bf16 logits, bf16 log-softmax) and in fp32
    (``cast_lm_head_to_fp32=True``). Reported: the standard deviation over rows of ``log W = sum_t (lp_1 - lp_2)``,
-   which a true ``log W`` of 0 makes pure rounding noise (docs/benchmarks/lm_head_precision.md has the CPU proxy). In a
+   which a true ``log W`` of 0 makes pure rounding noise (docs/benchmarks/logw_precision.md has the CPU proxy). In a
    TRL run the same number is ``offpolicy/log_weight/std`` on the fresh steps (``reuse/staleness_max == 0``).
 
 Run on a GPU machine (prints a table last, writes ``$OUT/gpu_qwen3_step.json`` or ``--out``):
 
-    python -m benchmarks.gpu_qwen3_step --out docs/benchmarks
+    python -m benchmarks.gpu_qwen3_step --out docs/benchmarks/gpu_qwen3_step
     python -m benchmarks.gpu_qwen3_step --smoke          # tiny shapes, runs on CPU too: checks the script itself
 """
 

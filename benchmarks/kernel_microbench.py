@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-diagnostics", action="store_true", help="skip the diagnostics row")
     parser.add_argument("--trl-grpo-source", help="path of TRL 1.16's trl/trainer/grpo_trainer.py, for machines "
                         "without TRL: get_gamma_weights is compiled from it instead of imported")
-    parser.add_argument("--out", default="docs/benchmarks/kernel_microbench.json")
+    parser.add_argument("--out", default="docs/benchmarks/kernel_microbench/kernel_microbench.json")
     parser.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)

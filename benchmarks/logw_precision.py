@@ -21,7 +21,7 @@ Per-token differences are independent across positions here, so the noise of a s
 windows of up to 256 tokens and reported as ``sqrt(T)`` times the per-token standard deviation for ``T`` up to 15,360
 (the paper's 1.7B response cap); the window measurements check the ``sqrt(T)`` scaling.
 
-    python -m benchmarks.logw_precision                 # ~6-11 min on one core; docs/benchmarks/logw_precision.json
+    python -m benchmarks.logw_precision                 # ~6-11 min on one core; docs/benchmarks/logw_precision/logw_precision.json
     python -m benchmarks.logw_precision --tokens 256    # a smoke run (the test suite)
 """
 
@@ -126,7 +126,7 @@ def main(argv=None) -> dict:
     p.add_argument("--tokens", type=int, default=1024, help="Tokens per logit scale (block-wise, 256 at a time).")
     p.add_argument("--logit-scales", type=float, nargs="+", default=[4.0, 8.0],
                    help="Standard deviation of the random logits (4: ~4 nats/token; 8: peaked, ~0.6).")  # fmt: skip
-    p.add_argument("--out", default="docs/benchmarks", help="Folder for logw_precision.json.")
+    p.add_argument("--out", default="docs/benchmarks/logw_precision", help="Folder for logw_precision.json.")
     p.add_argument("--markdown-from", metavar="JSON", help="Print the docs table of an existing result and exit.")
     args = p.parse_args(argv)
     if args.markdown_from:

@@ -23,7 +23,7 @@ rerun; ``--fresh`` starts a stage over):
     python -m benchmarks.regime compare                    # ~12 h on 2 cores, resumable across sessions
     python -m benchmarks.regime compare --arms dapo respo --seeds 0 1   # a slice
     python -m benchmarks.regime summary                    # JSON, tables and plots from the finished runs
-    python -m benchmarks.regime compare --out docs/benchmarks/regime_posthoc/x --gate-dir docs/benchmarks/regime/gate \
+    python -m benchmarks.regime compare --out docs/benchmarks/regime/posthoc/x --gate-dir docs/benchmarks/regime/gate \
         --lr 7e-5 --arms respo --seeds 1 3                 # post-hoc, away from the gate's choice: no verdict
     python -m benchmarks.regime summary --markdown         # the docs tables (docs/benchmarks.md, section 5)
     python -m benchmarks.regime gate --smoke --out /tmp/regime   # seconds; what the test suite runs

@@ -1,5 +1,5 @@
 """Why VESPO leads at N = 32 in the paper's regime: the pre-registered mechanism runs
-(docs/benchmarks/mechanism.md 5.5).
+(docs/benchmarks/regime_mechanism.md 5.5).
 
 The regime comparison (``regime.py``, docs/benchmarks/regime.md 5.3) found VESPO ahead of ReSPO by 9.2 points on seeds
 1-4. This benchmark tests four explanations on the same testbed, each new run paired with the stored 5.3 run of the
@@ -13,7 +13,7 @@ same seed (same warm start, same prompt order; the pairing is checked, not assum
 * H4, on-policy at equal policy age: the ``N = 1`` reference on seeds 3-4 (1-2 are stored), scored at the policy
   ages of the N = 32 arms' late batches too.
 
-The rule of each hypothesis is in docs/benchmarks/mechanism.md 5.5 (written before the runs) and applied by
+The rule of each hypothesis is in docs/benchmarks/regime_mechanism.md 5.5 (written before the runs) and applied by
 :func:`readings`.
 
     python -m benchmarks.regime_mechanism run                 # every run, in 5.5's order; resumable (~12 h on 2 cores)
@@ -67,7 +67,7 @@ ARMS = {
     "respo_eqmove": ("H2", LOSS_ARGS["respo"], N, SEEDS),  # at the learning rate the search finds
 }
 SEARCH_LRS, SEARCH_SEED = (3e-5, 2e-5), 1  # H2: ReSPO on seed 1 first
-POSTHOC_7E5 = Path("docs/benchmarks/regime_posthoc/respo-lr7e-05")  # ReSPO at 7e-5 (5.4): a point of the search curve
+POSTHOC_7E5 = Path("docs/benchmarks/regime/posthoc/respo-lr7e-05")  # ReSPO at 7e-5 (5.4): a point of the search curve
 MARGIN = 3.0  # points: "within 3 points of VESPO" / the original rule's +3
 AGES = (128, 160, 192, 224)  # policy ages of the N = 32 arms' late rollout batches (cycles 5-8 of 8)
 AGE_WINDOW = (8, 7)  # H4: on-policy batches sampled by policies aged a - 8 .. a + 7
@@ -238,7 +238,7 @@ def pooled_interval(values: list[float]) -> dict:
 
 
 def readings(arms: dict[str, list[dict]], stored: dict[str, list[dict]], ages=AGES, needed: int = len(SEEDS)) -> dict:
-    """Each hypothesis read by its rule (docs/benchmarks/mechanism.md 5.5), once its arms have ``needed`` paired seeds
+    """Each hypothesis read by its rule (docs/benchmarks/regime_mechanism.md 5.5), once its arms have ``needed`` paired seeds
     (None or "incomplete" before). ``arms``/``stored``: arm -> run rows."""
     respo, vespo = scores_of(stored.get("respo", [])), scores_of(stored.get("vespo", []))
     out = {"gap": paired(vespo, respo)}

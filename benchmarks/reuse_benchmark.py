@@ -6,7 +6,7 @@ same) and the wall time per optimizer step, and prints the measured time ratio t
 ``(gen/R + train) / (gen + train)`` computed from R=1's measured generation and training time.
 
     python -m benchmarks.reuse_benchmark                    # ~1 min on 2 CPU cores
-    python -m benchmarks.reuse_benchmark --steps 16 --repeats 3 --out docs/benchmarks
+    python -m benchmarks.reuse_benchmark --steps 16 --repeats 3 --out docs/benchmarks/reuse_benchmark
 
 Writes ``reuse_benchmark.json`` and ``reuse_benchmark.png`` into ``--out``.
 """
@@ -94,7 +94,7 @@ def main():
     )
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--out", default="docs/benchmarks")
+    parser.add_argument("--out", default="docs/benchmarks/reuse_benchmark")
     parser.add_argument(
         "--threads", type=int, default=1,
         help="torch intra-op threads; 1 keeps timings sane on a shared 2-core box (2 threads spin-wait under load)",

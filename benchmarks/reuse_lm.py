@@ -16,10 +16,10 @@ is on under epochs, by default), on the dense model and the MoE model. Each (mod
 every arm of that seed starts from that checkpoint, so arms differ only in the loss and the reuse setting.
 
     python -m benchmarks.reuse_lm --out docs/benchmarks/reuse_lm     # epochs R = 1, 2, 4, dense and MoE
-    python -m benchmarks.reuse_lm --out docs/benchmarks/reuse_lm_staleness --reuse --staleness 1 4 8 16
+    python -m benchmarks.reuse_lm --out docs/benchmarks/reuse_lm/staleness --reuse --staleness 1 4 8 16
     python -m benchmarks.reuse_lm --smoke --out /tmp/reuse_lm        # seconds; what the test suite runs
     python -m benchmarks.reuse_lm --seeds 0 --losses dapo respo --reuse 1 4 --models dense   # a slice
-    python -m benchmarks.reuse_lm --out docs/benchmarks/reuse_lm_lr1e-4 --models dense --losses dapo respo \\
+    python -m benchmarks.reuse_lm --out docs/benchmarks/reuse_lm/epochs_lr1e-4 --models dense --losses dapo respo \\
         --reuse 1 4 -- --learning_rate 1e-4                           # any recipe override after --
 
 Writes ``OUT/arms/<arm>.json`` as each arm finishes (an interrupted run resumes where it stopped; ``--fresh`` starts

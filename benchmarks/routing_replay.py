@@ -10,7 +10,7 @@ Two measurements, both on random-init tiny Qwen3-MoE models (``respo_trl.builtin
    generation batch; ``routing/drift`` (share of token x MoE-layer slots where the current router would pick another
    expert set than the sampler did) is averaged by reuse pass.
 
-    python -m benchmarks.routing_replay --out docs/benchmarks
+    python -m benchmarks.routing_replay --out docs/benchmarks/routing_replay
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def main():
     parser.add_argument("--reuse", type=int, default=4)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--out", default="docs/benchmarks")
+    parser.add_argument("--out", default="docs/benchmarks/routing_replay")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 on a shared 2-core box)")
     args = parser.parse_args()
     import torch

@@ -1,7 +1,7 @@
 """The paper's question on a pretrained model: `dapo`, VESPO and ReSPO under staleness on SmolLM2-135M-Instruct.
 
 Every loss comparison before this one ran on a 0.8M-parameter character model (docs/benchmarks/regime.md). This
-one runs the stack users run on a real pretrained model, on this machine, with the discipline of mechanism.md: a clean
+one runs the stack users run on a real pretrained model, on this machine, with the discipline of regime_mechanism.md: a clean
 three-way split, a regime gate measured on validation before any comparison, a rule committed before the first
 comparison run, paired seeds, every run kept (docs/benchmarks/smollm2_staleness.md).
 

@@ -44,7 +44,7 @@ def sequence_is_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None)
 
 
 # ReSPO on a normalised sequence weight: the ablation's respo_mean / respo_sqrt / respo_ess
-# (docs/benchmarks/ablations.md, section 4). The library dropped these options on that evidence (the paper uses the raw
+# (docs/benchmarks/ablation_lab.md, section 4). The library dropped these options on that evidence (the paper uses the raw
 # W); they live here so the ablation stays reproducible: the same math as the removed ``respo_norm`` (l clamped to
 # +-20, divided, clamped again).
 ESS_RHO_MIN = 0.5  # the ESS floor the ablation used for "ess"

@@ -161,7 +161,7 @@ def main(argv=None) -> dict:
     p.add_argument("--max-tokens", type=int, default=2048, help="Tokens per response (EOS ignored).")
     p.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024, 2048])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="docs/benchmarks", help="Folder for vllm_logw_gap.json.")
+    p.add_argument("--out", default="docs/benchmarks/real_stack", help="Folder for vllm_logw_gap.json.")
     p.add_argument("--markdown-from", metavar="JSON", help="Print the docs table of an existing result, redraw its plot.")
     args = p.parse_args(argv)
     if args.markdown_from:

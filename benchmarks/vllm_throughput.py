@@ -69,7 +69,7 @@ def main(argv=None) -> dict:
     p.add_argument("--batch", type=int, default=16, help="Prompts generated together.")
     p.add_argument("--new-tokens", type=int, default=128, help="Tokens generated per prompt (EOS ignored).")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", default="docs/benchmarks", help="Folder for vllm_throughput.json.")
+    p.add_argument("--out", default="docs/benchmarks/real_stack", help="Folder for vllm_throughput.json.")
     args = p.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engines in this process (no spawn)
     import torch

@@ -113,7 +113,7 @@ class ReSPOConfig(GRPOConfig):
             generation and the pass; every loss type. Off: TRL's row shuffle, which spreads a group over up to
             ``num_generations`` updates at different staleness. Needs ``per_device_train_batch_size`` to be a
             multiple of ``num_generations``. Off by default on the evidence: at ``N = 32`` whole groups gained no
-            kernel anything measurable (docs/benchmarks/mechanism.md 5.6, H3); docs/reuse.md says what the paper's verl
+            kernel anything measurable (docs/benchmarks/regime_mechanism.md 5.6, H3); docs/reuse.md says what the paper's verl
             runs did.
 
         > Diagnostics

@@ -38,7 +38,7 @@ RESPO_DEFAULTS = {"alpha_pos": 2.0, "beta_pos": 0.5, "lam_pos": 2.0, "alpha_neg"
 CONSTANT_KEYS = {f"respo_{arg.replace('lam_', 'lambda_')}": arg for arg in RESPO_DEFAULTS}
 # What each branch of the two-branch kernel can be: the paper's power mean with its tilt ("respo", the default), or
 # VESPO's gamma kernel ``W^k exp(lam (1 - W))`` with the ``vespo_*`` constants ("vespo"). The second exists to take
-# the two kernels apart one branch at a time (docs/benchmarks/mechanism.md 5.5); it is not the paper's method.
+# the two kernels apart one branch at a time (docs/benchmarks/regime_mechanism.md 5.5); it is not the paper's method.
 BRANCH_KINDS = ("respo", "vespo")
 
 

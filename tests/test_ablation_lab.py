@@ -196,6 +196,6 @@ def test_cli_quick_writes_json_png_and_markdown(tmp_path, capsys):
     abl.main(["--markdown-from", str(tmp_path / "ablation_lab.json")])
     assert "**Decision: constants" in capsys.readouterr().out
     # the committed result (written while respo_norm was a library option) still renders, under the same labels
-    abl.main(["--markdown-from", str(pathlib.Path(abl.__file__).parents[1] / "docs/benchmarks/ablation_lab.json")])
+    abl.main(["--markdown-from", str(pathlib.Path(abl.__file__).parents[1] / "docs/benchmarks/ablation_lab/ablation_lab.json")])
     out = capsys.readouterr().out
     assert "| norm=ess(0.5) | nowhere | moderate N=8, moderate N=32 | no |" in out

@@ -167,7 +167,7 @@ def test_config_parses_from_command_line(configs):
 
 
 def test_removed_normalisation_option_is_an_error_naming_it(configs, tmp_path):
-    """respo_norm / respo_rho_min were removed (docs/benchmarks/ablations.md): passing them fails loudly, by name."""
+    """respo_norm / respo_rho_min were removed (docs/benchmarks/ablation_lab.md): passing them fails loudly, by name."""
     from trl import TrlParser
 
     from respo_trl.config import describe_kernel

@@ -165,3 +165,71 @@ def test_docs_run_benchmarks_as_modules():
            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
            if re.search(r"python3? +benchmarks/\w+\.py", line)]  # fmt: skip
     assert not old, old
+
+
+# A data file a page names: a path ending in a data suffix, anywhere in the page (prose, inline code, code blocks).
+DATA_FILE = re.compile(r"(?<![\w./$<*-])((?:\.\./)*[\w.-]+(?:/[\w.-]+)*\.(?:json|jsonl|png|json\.gz|csv))(?![\w*])")
+OUTPUT_FLAG = re.compile(r"--(?:out|output|report-out)[= ]+\S*$")
+
+
+def missing_data_files(path: Path) -> list[str]:
+    """Every data file ``path`` names under ``docs/benchmarks/`` (a path that says so, or a path relative to a page of
+    that folder) that does not exist, as ``file:line: path``. Output arguments (``--out X``) name what a command
+    will write and are skipped, as are globs and placeholders (``*``, ``<...>``)."""
+    missing = []
+    page_dir = path.parent
+    in_benchmarks = page_dir == ROOT / "docs" / "benchmarks" or ROOT / "docs" / "benchmarks" in page_dir.parents
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for match in DATA_FILE.finditer(line):
+            name = match.group(1)
+            if OUTPUT_FLAG.search(line[: match.start()]):
+                continue
+            if "docs/benchmarks/" in name:
+                resolved = ROOT / name[name.index("docs/benchmarks/") :]
+            elif "benchmarks/" in name and not in_benchmarks:
+                resolved = (page_dir / name).resolve()
+            elif in_benchmarks and "/" in name:
+                resolved = (page_dir / name).resolve()
+            else:
+                continue  # a bare file name (an output of a command, a file of a run's folder): not a claim of ours
+            if not resolved.exists():
+                missing.append(f"{path.relative_to(ROOT)}:{number}: {name}")
+    return missing
+
+
+def test_every_data_file_a_page_names_exists():
+    """Study data lives beside its page (docs/benchmarks/<study>/): a page that names a JSON or plot names one that is
+    there. Catches data moved without its readers, and a page quoting a file nobody committed."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "DEVELOPERS.md"]
+    missing = [line for page in pages for line in missing_data_files(page)]
+    assert not missing, "\n".join(missing)
+
+
+def test_the_data_checker_finds_a_missing_file_and_skips_outputs(tmp_path, monkeypatch):
+    import test_docs_links as checker
+
+    monkeypatch.setattr(checker, "ROOT", tmp_path)
+    study = tmp_path / "docs" / "benchmarks" / "study"
+    study.mkdir(parents=True)
+    (study / "there.json").write_text("{}")
+    page = tmp_path / "docs" / "benchmarks" / "study.md"
+    page.write_text("![plot](study/gone.png) `study/there.json` and docs/benchmarks/study/missing.json\n"
+                    "```bash\npython -m benchmarks.study --out docs/benchmarks/study/new.json  # writes study/*.json\n```\n")
+    assert missing_data_files(page) == ["docs/benchmarks/study.md:1: study/gone.png",
+                                        "docs/benchmarks/study.md:1: docs/benchmarks/study/missing.json"]
+
+
+def test_each_study_page_has_its_data_folder_and_its_module():
+    """docs/benchmarks/<study>.md keeps its JSON and plots in docs/benchmarks/<study>/, and its module is
+    benchmarks/<study>.py unless docs/benchmarks.md's map names the module(s) that write it."""
+    summary = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    folder = ROOT / "docs" / "benchmarks"
+    loose = [p.name for p in folder.iterdir() if p.is_file() and p.suffix != ".md"]
+    assert not loose, f"data outside a study folder: {loose}"
+    for page in sorted(folder.glob("*.md")):
+        if page.stem == "claims":  # the paper's claims against ours: a summary, no data of its own
+            continue
+        module = ROOT / "benchmarks" / f"{page.stem}.py"
+        assert module.exists() or f"[{page.stem}.md]" in summary or f"({page.stem}.md)" in summary, page.name
+        data = folder / page.stem
+        assert data.is_dir() or "no data" in page.read_text(encoding="utf-8")[:1500], f"{page.name}: no {data.name}/"

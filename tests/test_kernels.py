@@ -436,7 +436,7 @@ def test_kernel_runs_in_float32_for_float32_input_and_stays_accurate():
 
 @pytest.mark.parametrize("pos,neg", [("respo", "vespo"), ("vespo", "respo"), ("vespo", "vespo")])
 def test_a_branch_set_to_vespo_takes_vespos_gamma_kernel_for_its_sign_only(pos, neg):
-    """The ablation of docs/benchmarks/mechanism.md 5.5: catches the gamma kernel applied to the wrong sign (a swapped
+    """The ablation of docs/benchmarks/regime_mechanism.md 5.5: catches the gamma kernel applied to the wrong sign (a swapped
     `where`), VESPO's positive constants on the negative branch, and a branch option that silently changes the other
     branch."""
     gen = torch.Generator().manual_seed(7)

@@ -1,4 +1,4 @@
-"""benchmarks/regime_mechanism.py (docs/benchmarks/mechanism.md 5.5): the movement metrics, the pre-registered
+"""benchmarks/regime_mechanism.py (docs/benchmarks/regime_mechanism.md 5.5): the movement metrics, the pre-registered
 readings, the pairing check, the order of the runs, and a smoke run end to end."""
 
 import json
