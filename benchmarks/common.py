@@ -79,6 +79,10 @@ LOSS_ARGS = {
     "respo_r3": ["--loss_type", "respo", "--respo_routing_replay", "true"],
     # beta_pos = 0 makes phi+ = 1: no correction at all on positives (the lab's ablation found it at least as good)
     "respo_pos1": ["--loss_type", "respo", "--respo_beta_pos", "0"],
+    # beta_neg = 0 makes phi- = 1: negatives weighted as on-policy whatever W (reuse_lm.md 2.7's mechanism arms)
+    "respo_neg1": ["--loss_type", "respo", "--respo_beta_neg", "0"],
+    # both: phi = 1, only the trust mask (under epochs) remains of ReSPO's loss
+    "respo_flat": ["--loss_type", "respo", "--respo_beta_pos", "0", "--respo_beta_neg", "0"],
 }
 
 
@@ -109,6 +113,20 @@ def warm_start(model_kind: str, seed: int, extra: list[str], path: str) -> str:
     tokenizer.save_pretrained(tmp)
     os.replace(tmp, path)  # a crash never leaves a half-written warm start behind
     return path
+
+
+def code_commit() -> str:
+    """The commit the benchmarks' code is at (``-dirty`` when ``respo_trl/`` or ``benchmarks/`` differ from it): every
+    run record names it."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*cmd):
+        return subprocess.run(["git", *cmd], cwd=root, capture_output=True, text=True).stdout.strip()
+
+    sha = git("rev-parse", "HEAD") or "unknown"
+    return sha + ("-dirty" if git("status", "--porcelain", "--untracked-files=no", "--", "respo_trl", "benchmarks") else "")
 
 
 def load_runs(folder) -> dict[str, dict]:

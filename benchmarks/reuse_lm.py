@@ -44,7 +44,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import LOSS_ARGS, command, load_runs, machine_info, pos_length_growth, run_pool, spread, warm_start
+from benchmarks.common import LOSS_ARGS, code_commit, command, load_runs, machine_info, pos_length_growth, run_pool, spread, warm_start
 
 LOSSES = ("dapo", "gspo", "vespo", "respo")
 CLIPPED = "dapo"  # the baseline of the summary claims: TRL's default clipped loss
@@ -114,7 +114,7 @@ def run_arm(spec: dict) -> dict:
     script_args, training_args, model_args = recipe.parse_args(argv)
     assert training_args.gradient_accumulation_steps == 1, "staleness arms assume no gradient accumulation"
     script_args.tiny_model, model_args.model_name_or_path = None, spec["warm_path"]
-    start = time.time()
+    start, commit, started_at = time.time(), code_commit(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
     log_path = os.path.join(spec["logs_dir"], spec["name"] + ".log")
     with open(log_path, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         report = recipe.main(script_args, training_args, model_args)  # one log per arm keeps the console readable
@@ -161,6 +161,8 @@ def run_arm(spec: dict) -> dict:
         "ess_before_pass": mean_of(history, "reuse/ess_before_pass"),
         "reward_last": report["training"]["reward_last"],
         "wall_s": wall,
+        "commit": commit,
+        "started_at": started_at,
     }
     if answers:  # step -> [[completion, right, tokens], ...] on the curve's problems (the held-out set's first ones)
         size = min(len(rows) for rows in answers.values())
@@ -317,7 +319,8 @@ def per_pass(arm: dict, steps: int) -> list[dict]:
 
 
 COLORS = dict(
-    zip(ALL_LOSSES, ("tab:red", "tab:orange", "tab:purple", "tab:blue", "tab:cyan", "tab:brown", "tab:olive", "tab:green"))
+    zip(ALL_LOSSES, ("tab:red", "tab:orange", "tab:purple", "tab:blue", "tab:cyan", "tab:brown", "tab:olive", "tab:green",
+                     "tab:pink", "tab:gray"))
 )
 
 

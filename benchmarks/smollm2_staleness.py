@@ -55,6 +55,7 @@ from benchmarks.common import (
     paired,
     per_update_kl,
     pos_neg_weight_ratio,
+    code_commit,
     resume_state,
     run_pool,
     train_logged,
@@ -328,17 +329,6 @@ def run_one(spec: dict) -> dict:
                 lengths = [len(c) for c in probe["completion_ids"]]
                 record["probe"][str(k)] = probe_reading(probe["base_logps"], logps, probe["reward"], lengths)
     return write_record(record, spec, output_dir, start, train_s, resume, finished)
-
-
-def code_commit() -> str:
-    """The commit the run's code is at (``-dirty`` when the working tree differs from it): every record names it."""
-    import subprocess
-
-    def git(*cmd):
-        return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    sha = git("rev-parse", "HEAD") or "unknown"
-    return sha + ("-dirty" if git("status", "--porcelain", "--untracked-files=no", "--", "respo_trl", "benchmarks") else "")
 
 
 def run_started(output_dir: str) -> dict:
