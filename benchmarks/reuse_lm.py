@@ -462,6 +462,208 @@ def markdown(summary: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Epochs at a high learning rate: the rule of docs/benchmarks/reuse_lm.md, section 2.7 (written before its runs)
+# ---------------------------------------------------------------------------------------------------------------------
+
+SAFE_MARGIN = 3.0  # points: the paired interval's lower end of (loss - dapo) must be at least -3
+FALL = 15.0  # points below a run's own running peak on the held-out curve
+PASS_KEYS = {
+    "grad_norm": "grad_norm", "grad_norm_vs_fresh": "reuse/grad_norm_vs_fresh", "masked": "respo/trust_masked_frac",
+    "zero_coef": "starvation/zero_coef_token_frac", "coef_pos": "starvation/grad_throughput/pos",
+    "coef_neg": "starvation/grad_throughput/neg", "phi_pos": "respo/phi_mean/pos", "phi_neg": "respo/phi_mean/neg",
+    "kl": "offpolicy/kl", "log_w_mean": "offpolicy/log_weight/mean",
+}  # fmt: skip
+
+
+def largest_fall(curve: list[dict]) -> tuple[float, float, int | None]:
+    """(peak, largest fall below the running peak, in points; the step where that fall is reached) of a held-out
+    curve (the step-0 point included)."""
+    peak, fall, at, best = -1.0, 0.0, None, -1.0
+    for point in curve:
+        best = max(best, 100 * point["accuracy"])
+        if best - 100 * point["accuracy"] > fall:
+            fall, at = best - 100 * point["accuracy"], point["step"]
+        peak = best
+    return peak, fall, at
+
+
+def by_pass(run: dict, first: int = 1, last: int | None = None) -> list[dict]:
+    """Mean of :data:`PASS_KEYS` by pass over each batch (1 = fresh), over updates ``first..last``."""
+    rows = [h for h in run["history"] if first <= h["step"] <= (last or h["step"])]
+    out = []
+    for p in range(1, run["reuse"] + 1):
+        chunk = [h for h in rows if round(h.get("reuse/pass", (h["step"] - 1) % run["reuse"] + 1)) == p]
+        means = {}
+        for name, key in PASS_KEYS.items():
+            values = [h[key] for h in chunk if h.get(key) is not None and math.isfinite(h[key])]
+            means[name] = statistics.fmean(values) if values else None
+        out.append(means)
+    return out
+
+
+def safety(results: list[dict], reference: str = CLIPPED) -> dict:
+    """The rule, per setting and arm against ``reference`` (dapo), paired by seed: the mean paired difference of
+    final held-out accuracy with its 95% t interval (safe needs its lower end >= -SAFE_MARGIN), and the seeds where
+    the arm falls more than FALL points below its peak while dapo on the same seed does not (safe needs none)."""
+    from benchmarks.common import paired
+
+    settings: dict[str, dict[str, dict[int, dict]]] = {}
+    for r in results:
+        settings.setdefault(r["setting"], {}).setdefault(r["loss"], {})[r["seed"]] = r
+    out = {}
+    for setting, losses in settings.items():
+        ref = losses.get(reference, {})
+        entry = {"arms": {}}
+        for loss, runs in sorted(losses.items()):
+            per_seed = {}
+            for seed, r in sorted(runs.items()):
+                peak, fall, at = largest_fall(r["curve"])
+                per_seed[seed] = {"before": r["before"], "final": r["after"], "peak": peak, "fall": fall, "fall_at": at}
+            arm = {"per_seed": per_seed, "final_mean": statistics.fmean(100 * r["after"] for r in runs.values()),
+                   "by_pass": _mean_passes([by_pass(r) for r in runs.values()])}  # fmt: skip
+            if loss != reference and ref:
+                diff = paired({s: r["after"] for s, r in runs.items()}, {s: r["after"] for s, r in ref.items()})
+                falls = [s for s in diff["seeds"] if per_seed[s]["fall"] > FALL
+                         and largest_fall(ref[s]["curve"])[1] <= FALL]  # fmt: skip
+                level = diff["ci"] is not None and diff["ci"][0] >= -SAFE_MARGIN
+                arm.update(minus_reference=diff, falls_where_reference_does_not=falls, level_holds=level,
+                           safe=level and not falls)  # fmt: skip
+            entry["arms"][loss] = arm
+        out[setting] = entry
+    return out
+
+
+def _mean_passes(tables: list[list[dict]]) -> list[dict]:
+    """Seed mean of :func:`by_pass` tables (one per run)."""
+    out = []
+    for p in range(min(len(t) for t in tables)):
+        row = {}
+        for name in PASS_KEYS:
+            values = [t[p][name] for t in tables if t[p][name] is not None]
+            row[name] = statistics.fmean(values) if values else None
+        out.append(row)
+    return out
+
+
+def answer_forms(problems: list[str], answers: list[list]) -> dict:
+    """How greedy held-out answers fail, on the built-in task's chains (``a+b=c,c+d=e \\boxed{e}``): shares of
+    all answers that are right; wrong with a wrong step sum (``a+b`` written as not ``c``); wrong with a wrong operand
+    (a step adds a term that is not the problem's next one, or starts from another value than the last sum); wrong
+    with a boxed answer that is not the last sum; unparsable (no box, or no chain); and the mean length in tokens."""
+    import re
+
+    counts = dict.fromkeys(("right", "wrong_sum", "wrong_operand", "wrong_box", "unparsable", "other_wrong"), 0)
+    for problem, (text, right, _tokens) in zip(problems, answers):
+        if right:
+            counts["right"] += 1
+            continue
+        box = re.search(r"\\boxed\{(-?\d+)\}", text)
+        steps = re.findall(r"(-?\d+)([+-])(\d+)=(-?\d+)", text)
+        if not box or not steps:
+            counts["unparsable"] += 1
+            continue
+        terms = [int(t) for t in re.findall(r"\d+", problem)]
+        sums = any((int(a) + int(b) if op == "+" else int(a) - int(b)) != int(c) for a, op, b, c in steps)
+        operand = [int(b) for _, _, b, _ in steps] != terms[1:] or int(steps[0][0]) != terms[0] or any(
+            int(steps[i][0]) != int(steps[i - 1][3]) for i in range(1, len(steps)))  # fmt: skip
+        if sums:
+            counts["wrong_sum"] += 1
+        elif operand:
+            counts["wrong_operand"] += 1
+        elif int(box.group(1)) != int(steps[-1][3]):
+            counts["wrong_box"] += 1
+        else:
+            counts["other_wrong"] += 1
+    n = max(len(answers), 1)
+    return {**{k: v / n for k, v in counts.items()}, "n": len(answers),
+            "mean_tokens": statistics.fmean(a[2] for a in answers) if answers else None}  # fmt: skip
+
+
+def heldout_problems(extra: list[str], n: int) -> list[str]:
+    """The first ``n`` held-out problems of the recipe's embedded default with ``extra`` overrides (the curve's)."""
+    from respo_trl import recipe
+
+    script_args, _, _ = recipe.parse_args(["--tiny_model", "dense", *extra, "--output_dir", "unused"])
+    _, heldout = recipe.build_datasets(script_args)
+    return [p[-1]["content"] for p in heldout["prompt"][:n]]
+
+
+def write_safety(folders: list[str], out: Path, argv) -> dict:
+    """``safety.json`` (the rule per setting and arm, passes, answer forms at the peak and at the end), the docs
+    tables and ``safety.png`` (held-out curves per seed, dapo against each arm; coefficients by pass)."""
+    import gzip
+
+    results = [json.loads(f.read_text()) for d in folders for f in sorted(Path(d, "arms").glob("*.json"))]
+    reading = safety(results)
+    problems = heldout_problems([], 200)
+    for d in folders:  # answer forms of each arm at its peak point and at its last curve point (200 problems)
+        for f in sorted(Path(d, "arms").glob("*.answers.json.gz")):
+            answers = json.loads(gzip.open(f, "rt").read())
+            run = json.loads(Path(str(f).replace(".answers.json.gz", ".json")).read_text())
+            steps = [int(k) for k in answers]
+            peak_step = max((p for p in run["curve"] if p["step"] in steps), key=lambda p: p["accuracy"])["step"]
+            forms = {"peak": {"step": peak_step, **answer_forms(problems, answers[str(peak_step)])},
+                     "last": {"step": max(steps), **answer_forms(problems, answers[str(max(steps))])}}  # fmt: skip
+            reading[run["setting"]]["arms"][run["loss"]]["per_seed"][run["seed"]]["answers"] = forms
+    reading["config"] = {"folders": folders, "margin_points": SAFE_MARGIN, "fall_points": FALL, "reference": CLIPPED,
+                         "machine": machine_info(), "command": command("reuse_lm", argv)}  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "safety.json").write_text(json.dumps(reading, indent=1, default=str))
+    plot_safety(reading, out / "safety.png")
+    print(safety_markdown(reading))
+    return reading
+
+
+def plot_safety(reading: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = [s for s in reading if s != "config"]
+    fig, axes = plt.subplots(2, len(settings), figsize=(5.5 * len(settings), 8), squeeze=False)
+    for col, setting in enumerate(settings):
+        arms = reading[setting]["arms"]
+        ax = axes[0][col]
+        for loss, arm in arms.items():
+            finals = [100 * v["final"] for v in arm["per_seed"].values()]
+            ax.scatter([loss] * len(finals), finals, color=COLORS.get(loss, "k"), alpha=0.7)
+            ax.hlines(statistics.fmean(finals), -0.3 + list(arms).index(loss), 0.3 + list(arms).index(loss),
+                      color=COLORS.get(loss, "k"))  # fmt: skip
+        ax.set(title=f"{setting}: final held-out accuracy per seed", ylabel="%")
+        ax.tick_params(axis="x", rotation=30)
+        ax = axes[1][col]
+        for loss, arm in arms.items():
+            passes = arm["by_pass"]
+            ax.plot(range(1, len(passes) + 1), [p["coef_pos"] for p in passes], "o-", color=COLORS.get(loss, "k"),
+                    label=f"{loss} +")  # fmt: skip
+            ax.plot(range(1, len(passes) + 1), [p["coef_neg"] for p in passes], "s--", color=COLORS.get(loss, "k"),
+                    label=f"{loss} -")  # fmt: skip
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set(title="mean coefficient by pass (+: correct answers, -: wrong)", xlabel="pass over the batch (1 = fresh)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def safety_markdown(reading: dict) -> str:
+    lines = ["| setting | arm | final (%), mean | per seed: peak -> final (largest fall) | minus dapo (points, 95% interval) "
+             "| falls > 15 where dapo does not | safe |", "|---|---|---:|---|---|---|---|"]  # fmt: skip
+    for setting, entry in reading.items():
+        if setting == "config":
+            continue
+        for loss, arm in entry["arms"].items():
+            seeds = "; ".join(f"{s}: {v['peak']:.0f} -> {100 * v['final']:.1f} ({v['fall']:.0f})" for s, v in arm["per_seed"].items())
+            diff = arm.get("minus_reference")
+            d = "" if not diff or diff["ci"] is None else f"{diff['mean']:+.1f} [{diff['ci'][0]:+.1f}, {diff['ci'][1]:+.1f}]"
+            safe = "" if "safe" not in arm else ("yes" if arm["safe"] else "no")
+            lines.append(f"| {setting} | {loss} | {arm['final_mean']:.1f} | {seeds} | {d} | "
+                         f"{', '.join(map(str, arm.get('falls_where_reference_does_not', []))) or '-'} | {safe} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------------------------------------
 
@@ -486,6 +688,8 @@ def parse(argv=None):
     p.add_argument("--markdown-from", metavar="JSON", help="Print the docs tables of an existing result and exit.")
     p.add_argument("--summarize-from", metavar="DIR", nargs="+", help="Rebuild OUT's JSON/plots from finished arms.")
     p.add_argument("--passes-from", metavar="ARM_JSON", nargs="+", help="Print per-pass metrics of arms and exit.")
+    p.add_argument("--safety-from", metavar="DIR", nargs="+", help="Section 2.7's rule, passes and answer forms of the "
+                   "epochs arms in these folders, written to --out (safety.json, safety.png).")
     p.add_argument("--passes-steps", type=int, default=60, help="--passes-from: first N optimizer steps.")
     p.add_argument("recipe_args", nargs="*", help="Extra recipe overrides after '--', e.g. -- --learning_rate 2e-5")
     args = p.parse_args(argv)
@@ -549,6 +753,8 @@ def write_summary(results: list[dict], args, argv, out: Path) -> dict:
 
 def main(argv=None) -> dict:
     args = parse(argv)
+    if args.safety_from:
+        return write_safety(args.safety_from, Path(args.out), sys.argv[1:] if argv is None else argv)
     if args.passes_from:
         keys = ("grad_norm", "clip_ratio/region_mean", "respo/trust_masked_frac", "offpolicy/log_weight/min", "entropy")
         print(f"{'arm':<28} {'pass':>4} " + " ".join(f"{k.split('/')[-1]:>14}" for k in keys))
