@@ -57,7 +57,7 @@ def trained(tokenizer, toy_dataset, tmp_path_factory):
         **{
             **CPU_ARGS,
             "max_steps": 4,
-            "respo_reuse": 2,
+            "num_iterations": 2,
             "save_strategy": "steps",
             "save_steps": 2,
             "respo_trust_mask": "directional",
@@ -93,7 +93,7 @@ def test_card_written_on_checkpoint_save(trained):
                  "respo_lambda_neg", "respo_trust_mask"):
         assert f"| `{name}` | {getattr(args, name)} |" in card
     assert "| `respo_trust_mask` | directional |" in card  # the non-default setting the run was given
-    assert "| `loss_type` | respo |" in card and "| `respo_reuse` | 2 |" in card
+    assert "| `loss_type` | respo |" in card and "| `num_iterations` | 2 |" in card
     assert "fed 1 optimizer update per pass (the paper's N) over 2 passes" in card
     assert "`(alpha, beta, lambda) = (2.0, 0.5, 2.0)` for positive advantages" in card
     assert "(no length normalisation)" in card and "respo_norm" not in card  # the raw W, as in the paper

@@ -555,7 +555,7 @@ def test_tiny_default_runs_end_to_end_and_resumes_with_its_rollout_buffer(recipe
     assert report["heldout"]["before"] is not None and report["heldout"]["after"] is not None
     assert report["heldout"]["n"] == 16 and report["warm_start"]["steps"] == 3
     assert [p["step"] for p in report["curve"]] == [0, 2, 4]
-    assert report["training"]["global_step"] == 4 and report["training"]["respo_reuse"] == 4
+    assert report["training"]["global_step"] == 4 and report["training"]["num_iterations"] == 4
     assert report["training"]["generated_tokens"] > 0
     assert set(report["training"]["mean_grad_throughput"]) == {
         "grad_throughput/pos", "grad_throughput/neg", "clip_grad_throughput/pos", "clip_grad_throughput/neg"

@@ -238,7 +238,7 @@ def print_summary(report: dict) -> None:
         ("change", "n/a" if delta is None else f"{delta:+.1f} points"),
         ("optimizer steps", str(report["training"]["global_step"])),
         ("generated tokens", f"{report['training']['generated_tokens']:,}"),
-        ("rollout reuse R", str(report["training"]["respo_reuse"])),
+        ("epochs R (num_iterations)", str(report["training"]["num_iterations"])),
         (
             "grad norm of reuse passes / fresh",
             ", ".join(f"{v:.2f}" for v in report["training"]["mean_grad_norm_vs_fresh"].values()) or "n/a (R = 1)",
