@@ -16,6 +16,7 @@ closes after it; ``_get_per_token_logps_and_entropies`` fills it only while it i
 
 from __future__ import annotations
 
+import inspect
 import os
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -561,7 +562,11 @@ class ReSPOTrainer(GRPOTrainer):
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """The card ``card_writer`` writes (``respo_trl.hub.card.write_trainer_card`` in the recipe), else TRL's."""
-        if self.card_writer is None:
+        # the writer as it was set, on the instance or on a subclass, never bound (a function set on a class would
+        # otherwise receive the trainer twice)
+        writer = inspect.getattr_static(self, "card_writer")
+        writer = writer.__func__ if isinstance(writer, (staticmethod, classmethod)) else writer
+        if writer is None:
             return super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
         if self.is_world_process_zero():
-            self.card_writer(self, model_name=model_name, dataset_name=dataset_name, tags=tags)
+            writer(self, model_name=model_name, dataset_name=dataset_name, tags=tags)

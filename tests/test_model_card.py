@@ -323,6 +323,20 @@ def test_template_is_package_data():
     assert '"hub/templates/*.md"' in pyproject  # shipped in the wheel, so an installed trainer finds it
 
 
+def test_a_card_writer_set_on_a_subclass_gets_the_trainer_once(make_trainer, tmp_path):
+    """Catches the writer bound as a method when set on a class (it then received the trainer twice)."""
+    from respo_trl import ReSPOTrainer
+
+    calls = []
+
+    class WithCard(ReSPOTrainer):
+        card_writer = lambda trainer, **kw: calls.append((trainer, kw))  # noqa: E731  # a plain function on the class
+
+    trainer = make_trainer(trainer_cls=WithCard, max_steps=1)
+    trainer.create_model_card(model_name="m")
+    assert calls and calls[0][0] is trainer and calls[0][1]["model_name"] == "m"
+
+
 def test_without_a_card_writer_the_trainer_writes_trls_card_naming_respo_and_imports_no_card_code(make_trainer, tmp_path):
     """The trainer needs no card code to train (issue 34): unless a writer is set (the recipe sets ReSPO's), TRL's own
     card is written, with ReSPO's name, the paper's citation and tags."""
