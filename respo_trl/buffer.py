@@ -31,6 +31,10 @@ Batch = dict[str, Any]
 
 FORMAT_VERSION = 1
 VERSION_KEY = "rollout_step"  # (B,) int64: optimizer step at which each rollout was sampled
+# With track_first_weight: each row's index in the stored batch (it follows the row through reshuffled passes) and the
+# log W it had on its first pass (NaN until then), which ReSPO keeps on its later passes (respo_epoch_weight).
+ROW_KEY = "respo_row"
+FIRST_LOG_W_KEY = "respo_first_log_w"
 
 
 # Everything that decides which rows a resumed batch serves, and the setting each comes from: a mismatch would serve
@@ -183,6 +187,7 @@ class RolloutBuffer:
         storage_device: str | torch.device | None = None,
         num_processes: int = 1,
         group_size: int | None = None,
+        track_first_weight: bool = False,
     ):
         if reuse < 1:
             raise ValueError(f"reuse must be >= 1, got {reuse}")
@@ -195,6 +200,7 @@ class RolloutBuffer:
         self.storage_device = storage_device  # None: keep tensors where they were produced
         self.num_processes = num_processes  # each process holds its own slice: a resume needs the same number
         self.group_size = group_size  # None: rows are the unit of the shuffle; else whole groups of this many rows
+        self.track_first_weight = track_first_weight  # store ROW_KEY / FIRST_LOG_W_KEY with every batch
         self.batch: Batch | None = None
         self.generation_index = 0  # how many batches were stored (fresh or refreshed)
         self.generated_tokens = 0  # completion tokens sampled so far, summed over processes
@@ -214,6 +220,9 @@ class RolloutBuffer:
         batch = {key: _to(value, self.storage_device) for key, value in batch.items()}
         device = next((v.device for v in batch.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
         batch[VERSION_KEY] = torch.full((size,), int(version), dtype=torch.long, device=device)
+        if self.track_first_weight:
+            batch[ROW_KEY] = torch.arange(size, device=device)
+            batch[FIRST_LOG_W_KEY] = torch.full((size,), float("nan"), device=device)
         if size % self.steps_per_generation:
             raise ValueError(
                 f"generation batch of {size} rollouts cannot be split into {self.steps_per_generation} equal micro-batches"
@@ -262,6 +271,13 @@ class RolloutBuffer:
             index = self._permutation[1][micro_index * width : (micro_index + 1) * width]
             chunk = {k: _select(v, index) for k, v in self.batch.items()}
         return {key: _to(value, device) for key, value in chunk.items()}
+
+    def remember_first_weight(self, rows: torch.Tensor, log_w: torch.Tensor) -> None:
+        """Keep ``log_w`` as the first-pass weight of the stored ``rows`` that have none yet (their first pass)."""
+        stored = self.batch[FIRST_LOG_W_KEY]
+        rows = rows.to(stored.device)
+        fresh = torch.isnan(stored[rows])
+        stored[rows[fresh]] = log_w.detach().to(stored)[fresh.to(log_w.device)]
 
     def staleness(self, micro_batch: Batch, step: int) -> torch.Tensor:
         """Optimizer steps since each rollout of ``micro_batch`` was sampled."""

@@ -20,6 +20,7 @@ from .kernels import BRANCH_KINDS, CONSTANT_KEYS, RESPO_DEFAULTS, TRL_LOSS_TYPES
 from .routing_replay import config_problems
 
 TRUST_MASK_MODES = ("auto", "directional", "none")
+EPOCH_WEIGHT_MODES = ("auto", "first_pass", "current")
 # TRL's token-level clip defaults (GRPOConfig.epsilon; epsilon_high defaults to epsilon): the trust mask's bounds when
 # TRL's own epsilons are sequence-level (GSPO-style configs), where they mean something else entirely.
 TRL_TOKEN_EPSILON = GRPOConfig.__dataclass_fields__["epsilon"].default
@@ -187,6 +188,16 @@ class ReSPOConfig(GRPOConfig):
             "choices": list(TRUST_MASK_MODES),
         },
     )
+    respo_epoch_weight: str = field(
+        default="current",
+        metadata={
+            "help": "Under epochs (num_iterations > 1): the W a sample's phi is evaluated at on its later passes. "
+            "'first_pass': the W it had on its first pass (its staleness and sampler mismatch; the trainer's own "
+            "movement on the batch is left to the trust mask); 'current': the W of the current policy; 'auto': "
+            "first_pass when num_iterations > 1.",
+            "choices": list(EPOCH_WEIGHT_MODES),
+        },
+    )
     resume_from_checkpoint: str | None = field(
         default=None,
         metadata={
@@ -320,6 +331,8 @@ class ReSPOConfig(GRPOConfig):
             )
         if self.respo_trust_mask not in TRUST_MASK_MODES:
             raise ValueError(f"respo_trust_mask must be one of {TRUST_MASK_MODES}, got {self.respo_trust_mask!r}")
+        if self.respo_epoch_weight not in EPOCH_WEIGHT_MODES:
+            raise ValueError(f"respo_epoch_weight must be one of {EPOCH_WEIGHT_MODES}, got {self.respo_epoch_weight!r}")
         for name in ("respo_trust_epsilon", "respo_trust_epsilon_high"):
             value = getattr(self, name)
             upper = 1.0 if name == "respo_trust_epsilon" else math.inf
@@ -346,6 +359,14 @@ class ReSPOConfig(GRPOConfig):
         if self.respo_trust_mask == "auto":
             return self.num_iterations > 1
         return self.respo_trust_mask == "directional"
+
+    @property
+    def respo_first_pass_weight(self) -> bool:
+        """Whether ReSPO keeps each sample's first-pass ``W`` for its later passes (``respo_epoch_weight``; ``"auto"``
+        resolves to on iff ``num_iterations > 1``). Each sample used once: the two are the same."""
+        if self.loss_type != "respo" or self.num_iterations == 1:
+            return False
+        return self.respo_epoch_weight in ("auto", "first_pass")
 
     @property
     def respo_trust_bounds(self) -> tuple[float, float, float]:
@@ -416,6 +437,7 @@ def describe_kernel(args: ReSPOConfig) -> str:
         f"ReSPO kernel (alpha, beta, lambda) {' '.join(branches)} on the raw sequence ratio W"
         f"{' (the paper)' if paper else ''}; {mask} (respo_trust_mask={args.respo_trust_mask!r}, "
         f"num_iterations={args.num_iterations}){groups}"
+        + ("; on a sample's later passes phi keeps its first-pass W (respo_epoch_weight)" if args.respo_first_pass_weight else "")
     )
 
 

@@ -97,13 +97,16 @@ def sequence_stats(
     *,
     sampler_ratio: Tensor | None = None,
     token_weight: Tensor | None = None,
+    kept_log_w: Tensor | None = None,
 ) -> Tensor:
     """One row per sequence with the :data:`COLUMNS` needed by :func:`summarize` (float32, shape (B, 13)).
 
     ``log_ratio`` = ``log pi_theta - log pi_old`` (B, T); ``sampler_ratio`` is TRL's vLLM ``importance_sampling_ratio``
     ((B, T) or (B, 1)) or ``None``; ``token_weight`` (broadcastable to (B, T)) the trainer's extra masks;
     ``loss_name`` a key of :data:`respo_trl.kernels.POLICY_LOSSES`. Advantages of shape (B, T) are summarised per
-    sequence by their masked mean.
+    sequence by their masked mean. ``kept_log_w`` (B,): the first-pass weight ReSPO's loss keeps under
+    ``respo_epoch_weight="first_pass"``; the coefficients (and ``phi``) are the ones that weight gives, while
+    ``log_weight`` stays the current ``log W`` (how far the policy has moved).
     """
     with torch.no_grad():
         mask_f = mask.float()
@@ -117,7 +120,8 @@ def sequence_stats(
         weight = mask_f if token_weight is None else mask_f * token_weight.float()
 
         def coefficients(name: str, loss_params: LossParams) -> Tensor:
-            c = gradient_coefficients(name, log_ratio, adv, mask, loss_params, sampler_ratio=sampler_ratio)
+            c = gradient_coefficients(name, log_ratio, adv, mask, loss_params, sampler_ratio=sampler_ratio,
+                                      log_w=kept_log_w)  # fmt: skip
             return c * weight
 
         c = coefficients(loss_name, params)
@@ -126,7 +130,8 @@ def sequence_stats(
         log_w = sequence_log_weight(log_ratio, kept, log_c)  # raw log W, the diagnostic's x-axis for every loss
         vespo = vespo_phi(log_ratio, adv_seq, mask, params, sampler_ratio).reshape(-1)  # VESPO's weight, as TRL has it
         # ReSPO's phi as configured, whatever loss is trained: a branch set to VESPO's kernel is VESPO's own weight
-        phi = torch.where(vespo_branch(adv_seq, params), vespo, two_branch_phi(log_w, adv_seq, params))
+        phi_log_w = log_w if kept_log_w is None else torch.where(torch.isfinite(kept_log_w), kept_log_w.to(log_w), log_w)
+        phi = torch.where(vespo_branch(adv_seq, params), vespo, two_branch_phi(phi_log_w, adv_seq, params))
         kept_f = kept.float()
         rho = torch.where(kept, log_ratio, 0.0)
         kl = ((torch.expm1(rho) - rho) * kept_f).sum(-1)  # k3: r - 1 - log r >= 0, unbiased for KL(pi_old || pi)

@@ -409,6 +409,7 @@ def respo_coefficients(
     params: LossParams = LossParams(),
     *,
     sampler_ratio: Tensor | None = None,
+    log_w: Tensor | None = None,
 ) -> Tensor:
     """ReSPO's detached per-token coefficient (B, T): ``phi_{sign A}(W_i)`` on kept tokens, 0 elsewhere.
 
@@ -422,10 +423,14 @@ def respo_coefficients(
        whole sequence's weight to ~0 there, and only then does an ablation arm differ from VESPO by one branch.
     4. With ``params.respo_trust_mask``, tokens clipped PPO would stop in their advantage's direction get 0
        (:func:`directional_trust_mask`); ``phi`` itself is unchanged.
+
+    ``log_w`` (B,), where finite, is the ``log W_i`` the kernel evaluates instead of step 2's: the weight a sample had
+    on its first pass, which ``respo_epoch_weight="first_pass"`` keeps for its later passes (docs/method.md, section 6).
     """
     with torch.no_grad():
         log_c, kept = fold_sampler_ratio(sampler_ratio, mask)
-        log_w = sequence_log_weight(log_ratio, kept, log_c)
+        current = sequence_log_weight(log_ratio, kept, log_c)
+        log_w = current if log_w is None else torch.where(torch.isfinite(log_w), log_w.to(current), current)
         a = _column(advantages).detach()
         log_w_t = log_w.unsqueeze(-1).expand(-1, a.shape[-1])
         phi = two_branch_phi(log_w_t, a.float(), params)  # (B, 1) or (B, T)
@@ -439,9 +444,10 @@ def respo_coefficients(
 
 
 @register_policy_loss("respo")
-def respo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None):
-    """ReSPO: ``-c_it * A_i * log pi_theta(y_it)`` with the detached coefficient of :func:`respo_coefficients`."""
-    coef = respo_coefficients(log_ratio, advantages, mask, params, sampler_ratio=sampler_ratio)
+def respo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, log_w=None):
+    """ReSPO: ``-c_it * A_i * log pi_theta(y_it)`` with the detached coefficient of :func:`respo_coefficients`
+    (``log_w``: the first-pass weight it keeps, where given)."""
+    coef = respo_coefficients(log_ratio, advantages, mask, params, sampler_ratio=sampler_ratio, log_w=log_w)
     return -coef * _column(advantages) * log_ratio
 
 
@@ -481,20 +487,22 @@ def gradient_coefficients(
     params: LossParams = LossParams(),
     *,
     sampler_ratio: Tensor | None = None,
+    log_w: Tensor | None = None,
 ) -> Tensor:
     """Effective coefficients ``c_it`` (B, T) of a registered loss, by differentiating it w.r.t. ``log pi_theta``.
 
     ``c_it = -(d sum_t m_it ell_it / d log pi_it) / sign(A_it)``, evaluated with unit advantages of the same sign
     (every registered loss is linear in ``|A|`` within a sign), so ``c`` is defined for ``A = 0`` too (positive
     branch). Losses outside :data:`FOLDS_SAMPLER_RATIO` are multiplied by ``sampler_ratio`` afterwards, as TRL does.
-    Masked positions get 0.
+    Masked positions get 0. ``log_w`` is passed to ReSPO's loss only (its kept first-pass weight).
     """
     loss_fn = get_policy_loss(name)
+    extra = {"log_w": log_w} if name == "respo" and log_w is not None else {}
     sign = torch.where(_column(advantages) >= 0, 1.0, -1.0).to(log_ratio.device)
     sign = sign.squeeze(-1) if advantages.dim() == 1 else sign
     with torch.enable_grad():
         rho = torch.where(mask.bool(), log_ratio.detach().float(), 0.0).requires_grad_(True)
-        per_token = loss_fn(rho, sign, mask, params, sampler_ratio=sampler_ratio)
+        per_token = loss_fn(rho, sign, mask, params, sampler_ratio=sampler_ratio, **extra)
         if sampler_ratio is not None and name not in FOLDS_SAMPLER_RATIO:
             per_token = per_token * sampler_ratio.float()
         total = (per_token * mask.to(per_token.dtype)).sum()

@@ -29,6 +29,8 @@ from trl.trainer.utils import shuffle_sequence_dict, split_pixel_values_by_grid,
 
 from .batching import micro_steps_per_cycle
 from .buffer import (
+    FIRST_LOG_W_KEY,
+    ROW_KEY,
     VERSION_KEY,
     RolloutBuffer,
     check_contiguous_groups,
@@ -176,6 +178,7 @@ class ReSPOTrainer(GRPOTrainer):
             storage_device="cpu" if args.respo_buffer_device == "cpu" else None,
             num_processes=self.accelerator.num_processes,
             group_size=args.num_generations if args.respo_whole_groups else None,
+            track_first_weight=args.respo_first_pass_weight,
         )
         self._tokens_at_step_start = 0
         self._step_passes: list[tuple[int, int]] = []  # (generation index, pass) of each micro-batch of this step
@@ -339,21 +342,40 @@ class ReSPOTrainer(GRPOTrainer):
             check_trl_loop_state(self)
         inputs, dropped = drop_nonfinite(inputs)
         forward = LossForward(dropped)
+        kept_log_w = self._kept_log_w(inputs)  # respo_epoch_weight="first_pass": the W a sample's phi keeps
         self._loss_forward = forward  # closed below, whatever happens (the one exception, module docstring)
         try:
             with self._routes(inputs):  # MoE Routing Replay: the micro-batch's recorded routes
                 if self.loss_type == "respo":
-                    loss = self._respo_loss(model, inputs)
+                    loss = self._respo_loss(model, inputs, kept_log_w)
                 else:
                     loss = super()._compute_loss(model, inputs)  # TRL's loss, its forward recorded in `forward`
         finally:
             self._loss_forward = None
         if self.routing_replay is not None:
             self._log_routing_drift()
-        self._log_step_metrics(inputs, forward)
+        self._log_step_metrics(inputs, forward, kept_log_w)
+        if kept_log_w is not None:
+            self._remember_first_weight(inputs, forward, kept_log_w)
         return loss
 
-    def _respo_loss(self, model, inputs):
+    def _kept_log_w(self, inputs) -> torch.Tensor | None:
+        """Under ``respo_epoch_weight="first_pass"`` (training): each row's first-pass ``log W``, NaN on its first pass
+        (where the current one is used); else None."""
+        if not (self.model.training and self.args.respo_first_pass_weight) or FIRST_LOG_W_KEY not in inputs:
+            return None
+        return inputs[FIRST_LOG_W_KEY].clone()  # a copy: the stored batch is written right after the loss
+
+    def _remember_first_weight(self, inputs, forward: LossForward, kept_log_w: torch.Tensor) -> None:
+        """The rows on their first pass keep the ``log W`` of this loss forward for their later passes."""
+        old = inputs.get("old_per_token_logps")
+        if forward.logps is None or old is None or not torch.isnan(kept_log_w).any():
+            return
+        mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
+        log_c, kept = fold_sampler_ratio(self._sampler_ratio(inputs), mask)
+        self.rollouts.remember_first_weight(inputs[ROW_KEY], sequence_log_weight(forward.logps - old, kept, log_c))
+
+    def _respo_loss(self, model, inputs, kept_log_w=None):
         """ReSPO's loss (:func:`respo_trl.trl_loss.respo_loss`) on the loss forward of ``inputs``."""
         prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
         logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
@@ -362,11 +384,13 @@ class ReSPOTrainer(GRPOTrainer):
             compute_entropy=True, compute_aux_loss=self.aux_loss_enabled,
             **{key: inputs.get(key) for key in MULTIMODAL_KEYS},
         )  # fmt: skip
-        return respo_loss(self, inputs, logps, entropies, aux_loss)
+        return respo_loss(self, inputs, logps, entropies, aux_loss, kept_log_w)
 
-    def _respo_gamma_weights(self, advantages, log_ratio_per_token, mask, importance_sampling_ratio):
-        """ReSPO's detached per-token coefficient, where TRL's vespo branch calls ``get_gamma_weights``."""
-        return gamma_weights(self.loss_params, advantages, log_ratio_per_token, mask, importance_sampling_ratio)
+    def _respo_gamma_weights(self, advantages, log_ratio_per_token, mask, importance_sampling_ratio, log_w=None):
+        """ReSPO's detached per-token coefficient, where TRL's vespo branch calls ``get_gamma_weights`` (``log_w``:
+        the first-pass weight to keep, where finite)."""
+        return gamma_weights(self.loss_params, advantages, log_ratio_per_token, mask, importance_sampling_ratio,
+                             log_w=log_w)  # fmt: skip
 
     def _log_routing_drift(self) -> None:
         """``routing/drift``: share of replayed token-layer slots whose free top-k would differ from the replayed one;
@@ -396,7 +420,7 @@ class ReSPOTrainer(GRPOTrainer):
 
     # -- metrics ---------------------------------------------------------------------------------------------------------
 
-    def _log_step_metrics(self, inputs, forward: LossForward) -> None:
+    def _log_step_metrics(self, inputs, forward: LossForward, kept_log_w=None) -> None:
         mode = "train" if self.model.training else "eval"
         if not self.args.respo_log_diagnostics:
             if mode == "train":
@@ -416,6 +440,7 @@ class ReSPOTrainer(GRPOTrainer):
             self._loss_name,
             sampler_ratio=self._sampler_ratio(inputs),
             token_weight=token_weight,
+            kept_log_w=kept_log_w,
         )
         versions = inputs.get(VERSION_KEY)
         staleness = (self.state.global_step - versions).float() if versions is not None else torch.zeros(len(table))

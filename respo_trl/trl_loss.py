@@ -147,14 +147,16 @@ def check_generate_output(output: tuple) -> None:
         raise _incompatible([f"GRPOTrainer._generate returning {GENERATE_FIELDS} fields (got {got})"])
 
 
-def gamma_weights(params, advantages, log_ratio_per_token, mask, importance_sampling_ratio):
+def gamma_weights(params, advantages, log_ratio_per_token, mask, importance_sampling_ratio, log_w=None):
     """ReSPO's detached per-token coefficient, where TRL's vespo branch calls ``get_gamma_weights``."""
-    return respo_coefficients(log_ratio_per_token, advantages, mask, params, sampler_ratio=importance_sampling_ratio)
+    return respo_coefficients(log_ratio_per_token, advantages, mask, params, sampler_ratio=importance_sampling_ratio,
+                              log_w=log_w)  # fmt: skip
 
 
-def respo_loss(trainer, inputs: dict, per_token_logps, entropies, aux_loss):
+def respo_loss(trainer, inputs: dict, per_token_logps, entropies, aux_loss, kept_log_w=None):
     """TRL 1.16's ``_compute_loss`` on its ``vespo`` branch, with ReSPO's coefficient (spec section 2), on the loss
-    forward's ``per_token_logps``, ``entropies`` and ``aux_loss``. Appends TRL's metrics to ``trainer._metrics``."""
+    forward's ``per_token_logps``, ``entropies`` and ``aux_loss`` (``kept_log_w``: the first-pass ``log W`` of each
+    row under ``respo_epoch_weight="first_pass"``). Appends TRL's metrics to ``trainer._metrics``."""
     mode = "train" if trainer.model.training else "eval"
     completion_mask = inputs["completion_mask"]
     mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
@@ -170,7 +172,11 @@ def respo_loss(trainer, inputs: dict, per_token_logps, entropies, aux_loss):
     log_ratio = per_token_logps - old_per_token_logps
 
     # the policy term: -c_it * A_i * log pi(y_it), c = phi_{sign A}(W_i) detached, W with the sampler ratio folded
-    coefficient = trainer._respo_gamma_weights(advantages, log_ratio, mask, inputs.get("importance_sampling_ratio"))
+    ratio = inputs.get("importance_sampling_ratio")
+    if kept_log_w is None:  # (the call keeps TRL's four arguments when there is nothing to keep)
+        coefficient = trainer._respo_gamma_weights(advantages, log_ratio, mask, ratio)
+    else:
+        coefficient = trainer._respo_gamma_weights(advantages, log_ratio, mask, ratio, log_w=kept_log_w)
     per_token_loss = -coefficient * advantages * per_token_logps
     if trainer.off_policy_mask_threshold is not None:
         per_token_loss = per_token_loss * trainer.get_off_policy_mask(

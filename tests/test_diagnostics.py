@@ -220,3 +220,26 @@ def test_an_ablation_arms_logged_phi_is_the_coefficient_its_loss_applies_under_t
     applied = col["mass"] / col["length"]  # the loss's mean coefficient per token
     assert col["phi"][0] < 1e-6 and col["phi"][0] == pytest.approx(col["vespo_phi"][0])
     assert applied[0] < 1e-6 and col["phi"][1] == pytest.approx(1.0) and applied[1] == pytest.approx(1.0)
+
+
+def test_kept_first_pass_weight_drives_the_logged_coefficients_not_the_current_w():
+    """Under respo_epoch_weight="first_pass" the loss applies phi(kept W): the diagnostics' mass and phi columns are
+    that coefficient's, while log_weight stays the current W (how far the policy moved). Catches the diagnostics
+    reporting the current-W coefficient the loss no longer applies."""
+    import torch
+
+    from respo_trl.diagnostics import COLUMNS, sequence_stats
+    from respo_trl.kernels import LossParams, respo_kernel
+
+    gen = torch.Generator().manual_seed(0)
+    log_ratio, mask = 0.3 * torch.randn(4, 5, generator=gen), torch.ones(4, 5)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    kept = torch.tensor([-1.5, 1.0, float("nan"), 0.0])  # row 2 on its first pass: its current W is used
+    table = sequence_stats(log_ratio, adv, mask, LossParams(), "respo", kept_log_w=kept)
+    col = {name: table[:, i] for i, name in enumerate(COLUMNS)}
+    current = log_ratio.sum(-1)
+    used = torch.where(torch.isfinite(kept), kept, current)
+    torch.testing.assert_close(col["log_weight"], current)
+    torch.testing.assert_close(col["phi"], respo_kernel(used, adv))
+    torch.testing.assert_close(col["mass"], respo_kernel(used, adv) * 5)
+    assert not torch.allclose(col["phi"], respo_kernel(current, adv))

@@ -561,3 +561,50 @@ def test_whole_groups_through_the_trainer_keep_each_group_in_one_update(make_tra
             assert abs(sum(a for p, a in zip(prompts, advantages) if tuple(p) == key)) < 1e-4
     assert len({tuple(map(tuple, c)) for _, _, c in served[True]}) == 4  # 4 distinct micro-batches of one cycle
     assert any(counts(prompts) != [4, 4] for prompts, _, _ in served[False])  # TRL's row shuffle splits groups
+
+
+def test_first_pass_weight_keeps_each_samples_first_w_on_its_later_passes(make_trainer):
+    """respo_epoch_weight="first_pass" (issue 40): on pass 1 a row's phi comes from its current W, which the buffer
+    keeps; on passes 2..R phi comes from that kept W, not from the W the policy has moved to since. Catches: the
+    current W used on later passes (the 0.5 kernel under epochs), the kept value overwritten by a later pass, the
+    rows' identities lost in a reshuffled pass, the diagnostics reporting another coefficient than the loss's."""
+    from respo_trl.buffer import FIRST_LOG_W_KEY, ROW_KEY
+    from respo_trl.kernels import respo_coefficients
+
+    trainer = make_trainer(num_iterations=3, max_steps=3, respo_epoch_weight="first_pass", learning_rate=5e-2)
+    assert trainer.args.respo_first_pass_weight and trainer.rollouts.track_first_weight
+    calls, real = [], trainer._respo_gamma_weights
+
+    def spy(advantages, log_ratio, mask, ratio, log_w=None):
+        calls.append((advantages, log_ratio.detach().clone(), mask, None if log_w is None else log_w.clone()))
+        return real(advantages, log_ratio, mask, ratio, log_w=log_w)
+
+    trainer._respo_gamma_weights = spy
+    rows_seen = []
+    compute = trainer._compute_loss
+
+    def loss_and_rows(model, inputs):
+        rows_seen.append(inputs[ROW_KEY].clone())
+        return compute(model, inputs)
+
+    trainer._compute_loss = loss_and_rows
+    trainer.train()
+    assert len(calls) == 3 and all(c[3] is not None for c in calls)
+    first = calls[0]
+    assert torch.isnan(first[3]).all()  # pass 1: nothing kept yet, the current W is used (and kept)
+    kept = trainer.rollouts.batch[FIRST_LOG_W_KEY]
+    assert torch.isfinite(kept).all()
+    current_pass1 = (first[1] * first[2]).sum(-1)  # no sampler ratio: log W = sum of the token log-ratios
+    torch.testing.assert_close(kept[rows_seen[0]], current_pass1.clamp(-20, 20), rtol=0, atol=1e-6)
+    params = trainer.loss_params
+    for rows, (advantages, log_ratio, mask, log_w) in zip(rows_seen[1:], calls[1:]):  # passes 2-3
+        torch.testing.assert_close(log_w, kept[rows], rtol=0, atol=0)  # each row's own first-pass W
+        current = (log_ratio * mask).sum(-1)
+        assert (current - log_w).abs().max() > 1e-4, "the policy did not move: the test cannot tell the two apart"
+        kept_coef = respo_coefficients(log_ratio, advantages, mask, params, log_w=log_w)
+        assert not torch.allclose(kept_coef, respo_coefficients(log_ratio, advantages, mask, params))
+    logged = [h["respo/phi_mean/pos"] for h in trainer.state.log_history if "respo/phi_mean/pos" in h]
+    assert len(logged) == 3  # the diagnostics log the phi the loss applied (kept W): checked in test_diagnostics
+    # under the default ("current") nothing is kept and each pass weighs the W of the moment
+    plain = make_trainer(num_iterations=3, max_steps=3)
+    assert not plain.args.respo_first_pass_weight and not plain.rollouts.track_first_weight

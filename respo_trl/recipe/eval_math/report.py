@@ -110,7 +110,7 @@ def plot_length_bins(report: dict, path: str) -> str:
     ax.set_zorder(counts.get_zorder() + 1)
     ax.patch.set_visible(False)
     # A bin with a handful of samples has an accuracy of 0% or 100% by chance: the lines join only bins with at least
-    # MIN_BIN_SAMPLES samples, and the sparse ones are drawn as hollow points (0.2 drew 1-sample bins as drops to 0%).
+    # MIN_BIN_SAMPLES samples, and the sparse ones are drawn as hollow points (a 1-sample bin would look like a drop to 0%).
     def dense(per):
         return [((r["lo"] + r["hi"]) / 2, 100 * r["accuracy"]) for r in per
                 if r["accuracy"] is not None and r["samples"] >= MIN_BIN_SAMPLES]  # fmt: skip
