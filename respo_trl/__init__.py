@@ -6,7 +6,7 @@ loads instantly, so the kernel can be used without TRL.
 
 from importlib import import_module
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 _LAZY = {
     "ReSPOConfig": "respo_trl.config",
