@@ -83,6 +83,9 @@ LOSS_ARGS = {
     "respo_neg1": ["--loss_type", "respo", "--respo_beta_neg", "0"],
     # both: phi = 1, only the trust mask (under epochs) remains of ReSPO's loss
     "respo_flat": ["--loss_type", "respo", "--respo_beta_pos", "0", "--respo_beta_neg", "0"],
+    # under epochs: phi at each sample's first-pass W (respo_epoch_weight), or at the current W (0.5's behaviour)
+    "respo_first": ["--loss_type", "respo", "--respo_epoch_weight", "first_pass"],
+    "respo_current": ["--loss_type", "respo", "--respo_epoch_weight", "current"],
 }
 
 

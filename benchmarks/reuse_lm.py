@@ -52,7 +52,8 @@ ALL_LOSSES = tuple(LOSS_ARGS)
 # On-policy (R = 1, N = 1) every coefficient of these losses is exactly 1 and they aggregate alike (token sum over the
 # global token count), so their runs are identical (tests/test_trainer.py checks ReSPO's against dapo's): one of them
 # runs and stands for all. GSPO (TRL grpo: a per-sequence mean) trains differently even on-policy.
-SAME_ON_POLICY = ("dapo", "vespo", "respo", "respo_nomask", "respo_mask", "respo_pos1")
+SAME_ON_POLICY = ("dapo", "vespo", "respo", "respo_nomask", "respo_mask", "respo_pos1", "respo_neg1", "respo_flat",
+                  "respo_first", "respo_current")
 # Per-step metrics kept in each arm's JSON, for the per-pass analysis (--passes-from); not the regime runs' keys
 # (benchmarks.common.HISTORY_KEYS).
 HISTORY_KEYS = (
@@ -320,7 +321,7 @@ def per_pass(arm: dict, steps: int) -> list[dict]:
 
 COLORS = dict(
     zip(ALL_LOSSES, ("tab:red", "tab:orange", "tab:purple", "tab:blue", "tab:cyan", "tab:brown", "tab:olive", "tab:green",
-                     "tab:pink", "tab:gray"))
+                     "tab:pink", "tab:gray", "tab:olive", "black"))
 )
 
 
