@@ -162,6 +162,9 @@ def run_pool(specs: list[dict], run, *, workers: int, done: dict[str, dict], pre
     import time
 
     todo = [s for s in specs if s["name"] not in done]
+    unprepared = sorted({str(s["needs"]) for s in todo if s.get("needs") is not None and s["needs"] not in (prepare or {})})
+    if unprepared:  # such a run would wait for ever and never run
+        raise ValueError(f"runs need preparation jobs nobody gave: {', '.join(unprepared)}")
     prepare = {key: job for key, job in (prepare or {}).items() if any(s.get("needs") == key for s in todo)}
     start, finished = time.time(), 0
     on_result = on_result or (lambda i, n, record, t: print(f"  [{i}/{n}] {record['name']} ({t:.0f} s)", flush=True))

@@ -318,6 +318,7 @@ class RolloutBuffer:
             "generated_tokens": self.generated_tokens,
             "refreshes": self.refreshes,
             "first_pass": self.first_pass,
+            "track_first_weight": self.track_first_weight,
             "tensor_keys": sorted(tensors),
             "values": values,
             "extra": extra or {},
@@ -363,6 +364,14 @@ class RolloutBuffer:
                     f"{meta_path} was saved with {name}={saved} but this run has {name}={getattr(self, name)}; resume "
                     f"with {setting} as it was ({name}={saved}): it decides which rollouts the rest of the batch serves"
                 )
+        saved_first = bool(meta.get("track_first_weight", False))  # files before 0.6 kept no first-pass weights
+        if meta["has_batch"] and saved_first != self.track_first_weight:
+            said = {True: "'first_pass' (or 'auto' under epochs)", False: "'current'"}
+            raise ValueError(
+                f"{meta_path} was saved mid-batch with respo_epoch_weight {said[saved_first]} but this run has "
+                f"{said[self.track_first_weight]}; resume with respo_epoch_weight as it was: it decides the weights "
+                "of the rest of the batch"
+            )
         self.generation_index = meta["generation_index"]
         self.generated_tokens = meta["generated_tokens"]
         self.refreshes = meta["refreshes"]

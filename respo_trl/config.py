@@ -102,7 +102,7 @@ class ReSPOConfig(GRPOConfig):
         respo_reuse (`int`, *optional*):
             Deprecated (0.6; removed in 0.7): TRL's ``num_iterations`` under another name (epochs ``R``, optimizer
             passes over each rollout batch). Setting it warns once and sets ``num_iterations``; setting both to
-            different values is an error. After construction it always mirrors ``num_iterations``.
+            different values is an error. After construction it is ``None`` (read ``num_iterations``).
         respo_reshuffle (`bool`, *optional*):
             Draw a new mini-batch composition on every reuse pass. Unset: on for ``loss_type="respo"``, off for TRL's
             losses (TRL replays the same mini-batches, and a baseline must train exactly as TRL trains it).
@@ -319,7 +319,8 @@ class ReSPOConfig(GRPOConfig):
                     "(optimizer passes per rollout batch). Set only num_iterations."
                 )
             iterations = max(reuse, iterations)
-        self.respo_reuse = self.num_iterations = iterations  # the alias mirrors TRL's field for code that reads it
+        # one name from here on: the alias is cleared, so a copy of this config (dataclasses.replace) never meets it
+        self.num_iterations, self.respo_reuse = iterations, None
 
     def validate_respo(self) -> None:
         """Check the ReSPO fields (also used when a plain ``GRPOConfig`` is upgraded)."""
@@ -414,7 +415,7 @@ class ReSPOConfig(GRPOConfig):
         upgraded = cls.__new__(cls)
         upgraded.__dict__.update(args.__dict__)  # ReSPO's own fields keep their class defaults (no default_factory)
         upgraded.loss_type = "respo"
-        upgraded.respo_reuse = args.num_iterations
+        upgraded.respo_reuse = None  # epochs have one name: num_iterations
         upgraded.__dict__.update(overrides)
         upgraded.validate_respo()
         return upgraded

@@ -23,7 +23,7 @@ def test_defaults(configs, tmp_path):
     assert args.loss_type == "respo"
     fields = ("alpha_pos", "beta_pos", "lambda_pos", "alpha_neg", "beta_neg", "lambda_neg")
     assert tuple(getattr(args, f"respo_{f}") for f in fields) == (2.0, 0.5, 2.0, 1.0, 0.5, 2.0)  # the paper's
-    assert args.respo_reuse == args.num_iterations == 1
+    assert args.num_iterations == 1 and args.respo_reuse is None  # one name for epochs (0.6)
     assert args.kernel_constants == {"alpha_pos": 2.0, "beta_pos": 0.5, "lam_pos": 2.0, "alpha_neg": 1.0,
                                      "beta_neg": 0.5, "lam_neg": 2.0}
     from respo_trl.kernels import CONSTANT_KEYS  # the one map, shared with the verl plugin's config keys
@@ -132,11 +132,12 @@ def test_respo_reuse_is_a_deprecated_name_of_num_iterations(configs, tmp_path):
         assert build(configs, tmp_path, respo_reuse=4).num_iterations == 4
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the field's own name never warns
-        assert build(configs, tmp_path, num_iterations=3).respo_reuse == 3  # the alias mirrors it for old readers
+        assert build(configs, tmp_path, num_iterations=3).respo_reuse is None  # one name after construction
     with pytest.warns(FutureWarning):
         assert build(configs, tmp_path, num_iterations=2, respo_reuse=2).num_iterations == 2
     with pytest.warns(FutureWarning), pytest.raises(ValueError, match="respo_reuse=4 and num_iterations=2 disagree"):
         build(configs, tmp_path, num_iterations=2, respo_reuse=4)
+
 
 
 def test_upgrade_plain_grpo_config_keeps_its_settings(configs, tmp_path):
@@ -144,7 +145,7 @@ def test_upgrade_plain_grpo_config_keeps_its_settings(configs, tmp_path):
     plain = GRPOConfig(output_dir=str(tmp_path), **{**CPU_ARGS, "num_iterations": 3, "beta": 0.04, "epsilon_high": 0.28})
     upgraded = ReSPOConfig.from_grpo_config(plain)
     assert isinstance(upgraded, ReSPOConfig)
-    assert upgraded.loss_type == "respo" and upgraded.respo_reuse == 3 and upgraded.num_iterations == 3
+    assert upgraded.loss_type == "respo" and upgraded.respo_reuse is None and upgraded.num_iterations == 3
     assert upgraded.beta == 0.04 and upgraded.epsilon_high == 0.28
     assert upgraded.generation_batch_size == plain.generation_batch_size
     assert upgraded.respo_alpha_pos == 2.0

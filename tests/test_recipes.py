@@ -99,14 +99,17 @@ def test_qwen3_preset_parses_into_a_valid_config_for_the_gpus_it_names(recipe, p
 
 
 def test_presets_fix_steps_per_generation_so_the_batch_scales_with_gpus():
+    """No preset fixes the generation batch's size: it is per_device x processes x steps_per_generation, and
+    steps_per_generation is TRL's default (gradient_accumulation_steps: N = 1) or N x accumulation."""
     import yaml
 
     for preset in QWEN3_PRESETS:
         config = yaml.safe_load((ROOT / "respo_trl" / "recipe" / "presets" / f"{preset}.yaml").read_text())
-        assert "generation_batch_size" not in config and config["steps_per_generation"] >= 1, preset
+        assert "generation_batch_size" not in config, preset
+        assert "steps_per_generation" not in config or config["steps_per_generation"] >= 1, preset
 
 
-def test_no_arguments_is_the_tiny_cpu_preset_and_overrides_apply(recipe):
+def test_no_arguments_is_the_tiny_cpu_preset_and_overrides_apply(recipe, tmp_path):
     script, training, model = recipe.parse_args([])
     assert script.preset == "tiny-cpu" and script.tiny_model == "dense" and model.model_name_or_path is None
     assert training.use_cpu and not training.bf16 and not training.activation_checkpointing
@@ -116,6 +119,9 @@ def test_no_arguments_is_the_tiny_cpu_preset_and_overrides_apply(recipe):
     assert (training.seed, training.num_iterations, training.output_dir) == (3, 2, "elsewhere")
     with pytest.warns(FutureWarning, match="set num_iterations=2 instead"):  # the deprecated name overrides the preset
         assert recipe.parse_args(["--respo_reuse", "2", "--output_dir", "elsewhere"])[1].num_iterations == 2
+    config = tmp_path / "old.yaml"  # a config file with the old name: --num_iterations on the command line decides
+    config.write_text("respo_reuse: 4\nuse_cpu: true\nbf16: false\ntiny_model: dense\n")
+    assert recipe.parse_args(["--config", str(config), "--num_iterations", "1", "--output_dir", "elsewhere"])[1].num_iterations == 1
     assert script.preset == "tiny-cpu"
 
 

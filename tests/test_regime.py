@@ -157,6 +157,11 @@ def test_runs_start_in_the_comparisons_order_as_workers_free_up(tmp_path, monkey
     assert started == ["gspo-N32-seed0", "onpolicy-N1-seed0", "respo_pos1-N32-seed2", "dapo_clip_higher-N32-seed0"]
 
 
+def test_a_run_waiting_for_a_preparation_nobody_gave_is_refused_not_skipped():
+    with pytest.raises(ValueError, match=r"^runs need preparation jobs nobody gave: warm-b$"):
+        common.run_pool([{"name": "a"}, {"name": "b", "needs": "warm-b"}], print, workers=1, done={}, prepare={})
+
+
 def test_a_comparison_away_from_the_gates_choice_gets_no_verdict(tmp_path, capsys):
     """A post-hoc run (another learning rate) reuses the committed gate through --gate-dir; the decision rule, written
     for the gated configuration, is not applied to it. At the gate's own choice it is."""

@@ -608,3 +608,18 @@ def test_first_pass_weight_keeps_each_samples_first_w_on_its_later_passes(make_t
     # under the default ("current") nothing is kept and each pass weighs the W of the moment
     plain = make_trainer(num_iterations=3, max_steps=3)
     assert not plain.args.respo_first_pass_weight and not plain.rollouts.track_first_weight
+
+
+def test_resume_mid_batch_with_another_epoch_weight_is_refused(tmp_path):
+    """The kept first-pass weights decide the rest of a stored batch: a mid-batch resume under the other
+    respo_epoch_weight stops in one line naming it (a cycle boundary may change it)."""
+    from respo_trl.buffer import RolloutBuffer
+
+    saved = RolloutBuffer(reuse=2, steps_per_generation=1, track_first_weight=True)
+    saved.store({"x": torch.zeros(4, 3)}, version=0)
+    saved.save(str(tmp_path), rank=0)
+    with pytest.raises(ValueError, match=r"saved mid-batch with respo_epoch_weight 'first_pass' .* but this run has 'current'"):
+        RolloutBuffer(reuse=2, steps_per_generation=1).load(str(tmp_path), rank=0)
+    RolloutBuffer(reuse=2, steps_per_generation=1, track_first_weight=True).load(str(tmp_path), rank=0)
+    saved.save(str(tmp_path / "boundary"), rank=0, include_batch=False)  # nothing left of the batch: either resumes
+    RolloutBuffer(reuse=2, steps_per_generation=1).load(str(tmp_path / "boundary"), rank=0)

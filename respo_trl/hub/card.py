@@ -66,6 +66,7 @@ HYPERPARAMETERS = (
     ("respo_pos_branch", "respo"),
     ("respo_neg_branch", "respo"),
     ("respo_trust_mask", "respo"),
+    ("respo_epoch_weight", "respo"),
     ("respo_whole_groups", None),
     ("respo_updates_per_rollout", None),
     ("num_iterations", None),

@@ -81,8 +81,11 @@ def parse_args(argv: list[str] | None = None, num_processes: int | None = None, 
     processes = num_processes or resolve_dry_run(script_args).dry_run or launch_processes()
     values = {f.name: getattr(raw, f.name) for f in fields(ReSPOConfig) if f.init}
     explicit = explicit_flags(argv)
-    if values.get("respo_reuse") is not None and "num_iterations" not in explicit:
-        values["num_iterations"] = values["respo_reuse"]  # the deprecated alias overrides a preset's num_iterations
+    if values.get("respo_reuse") is not None:  # num_iterations' deprecated alias: the command line decides
+        if "num_iterations" not in explicit:
+            values["num_iterations"] = values["respo_reuse"]  # the alias overrides a preset's num_iterations
+        elif "respo_reuse" not in explicit:  # --num_iterations on the command line beats a config file's alias
+            values["respo_reuse"] = raw.respo_reuse = None
     values.update(recipe_fields(script_args, raw, explicit, processes))
     if script_args.dry_run and not values["use_cpu"]:
         import torch
