@@ -83,7 +83,8 @@ class ReSPOConfig(GRPOConfig):
             passes: ``"first_pass"`` keeps the ``W`` it had on its first pass (the staleness and sampler mismatch it
             arrived with; the movement the trainer makes on the batch itself is left to the trust mask),
             ``"current"`` takes the current policy's ``W``, ``"auto"`` is ``"first_pass"`` when ``num_iterations >
-            1``. Each sample used once: the two are the same. Not in the paper (docs/reuse.md).
+            1``. Each sample used once: the two are the same. A branch set to ``"vespo"`` keeps VESPO's own weight of the
+            current policy. Not in the paper (docs/reuse.md).
         respo_trust_epsilon (`float`, *optional*):
             Lower token-ratio bound of the trust mask (``A < 0`` tokens below ``1 - respo_trust_epsilon`` are stopped).
             Unset: TRL's ``epsilon`` when ``importance_sampling_level="token"``; TRL's token default (0.2) when TRL's
