@@ -520,6 +520,14 @@ def safety(results: list[dict], reference: str = CLIPPED) -> dict:
             for seed, r in sorted(runs.items()):
                 peak, fall, at = largest_fall(r["curve"])
                 per_seed[seed] = {"before": r["before"], "final": r["after"], "peak": peak, "fall": fall, "fall_at": at}
+                if fall > FALL and seed in ref:  # around the fall: this arm and dapo, same seed, same updates
+                    peak_step = max((p for p in r["curve"] if p["step"] < at), key=lambda p: p["accuracy"])["step"]
+                    window = {"before_peak": (max(1, peak_step - 47), peak_step), "peak_to_fall": (peak_step + 1, at)}
+                    per_seed[seed]["around_fall"] = {
+                        name: {"updates": span, "arm": _mean_passes([by_pass(r, *span)]),
+                               "reference": _mean_passes([by_pass(ref[seed], *span)])}
+                        for name, span in window.items()
+                    }  # fmt: skip
             arm = {"per_seed": per_seed, "final_mean": statistics.fmean(100 * r["after"] for r in runs.values()),
                    "by_pass": _mean_passes([by_pass(r) for r in runs.values()])}  # fmt: skip
             if loss != reference and ref:
