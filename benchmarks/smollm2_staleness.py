@@ -782,6 +782,9 @@ def write_summary(args) -> dict:
     runs = load_runs(Path(args.out, "arms"))
     gate = json.loads(Path(args.out, "gate.json").read_text()) if Path(args.out, "gate.json").exists() else None
     summary = summarize(runs, gate)
+    if gate and gate.get("task"):  # what answering without arithmetic scores on the split the runs are scored on
+        summary["test_baselines"] = answer_baselines(args.model, gate["task"], "test")
+    summary["command"] = "python -m benchmarks.smollm2_staleness summary"
     Path(args.out, "smollm2_staleness.json").write_text(json.dumps(summary, indent=1, default=str))
     if runs:
         plot(summary, runs, Path(args.out, "smollm2_staleness.png"))
