@@ -139,9 +139,9 @@ def test_sampler_ratio_reaches_respo_coefficient(build, mode, monkeypatch):
 
     records, real = [], seam.respo_coefficients
 
-    def recording(log_ratio, advantages, mask, params, *, sampler_ratio=None):  # what the loss's phi was built from
-        coef = real(log_ratio, advantages, mask, params, sampler_ratio=sampler_ratio)
-        records.append((advantages, log_ratio, mask, sampler_ratio, coef))
+    def recording(log_ratio, advantages, mask, params, *, sampler_ratio=None, log_w=None):  # what phi was built from
+        coef = real(log_ratio, advantages, mask, params, sampler_ratio=sampler_ratio, log_w=log_w)
+        records.append((advantages, log_ratio, mask, sampler_ratio, log_w, coef))
         return coef
 
     monkeypatch.setattr(seam, "respo_coefficients", recording)
@@ -150,7 +150,8 @@ def test_sampler_ratio_reaches_respo_coefficient(build, mode, monkeypatch):
                     vllm_importance_sampling_clip_min=low, vllm_importance_sampling_clip_max=high, max_steps=1)
     with use_fake_vllm():
         trainer.train()
-    advantages, log_ratio, mask, ratio, coef = records[0]
+    advantages, log_ratio, mask, ratio, kept_log_w, coef = records[0]
+    assert kept_log_w is None  # the default ("current") builds W from this pass's ratio and the sampler's
     assert ratio is not None and ratio.shape == ((mask.shape[0], 1) if mode.startswith("sequence") else mask.shape)
     assert torch.equal(log_ratio, torch.zeros_like(log_ratio))  # fresh pass: pi_theta == pi_old exactly
     dropped = ratio == 0
