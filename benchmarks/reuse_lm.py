@@ -476,6 +476,13 @@ PASS_KEYS = {
 }  # fmt: skip
 
 
+def run_setting(run: dict) -> str:
+    """A run's setting with its learning rate (``R4 lr0.0001``): the records name ``R``, and the peak of the logged
+    schedule is the learning rate it ran at (folders of one ``R`` at several learning rates read together)."""
+    lr = max(h["learning_rate"] for h in run["history"] if h.get("learning_rate") is not None)
+    return f"{run['setting']} lr{lr:.0e}".replace("e-0", "e-")
+
+
 def largest_fall(curve: list[dict]) -> tuple[float, float, int | None]:
     """(peak, largest fall below the running peak, in points; the step where that fall is reached) of a held-out
     curve (the step-0 point included)."""
@@ -510,7 +517,7 @@ def safety(results: list[dict], reference: str = CLIPPED) -> dict:
 
     settings: dict[str, dict[str, dict[int, dict]]] = {}
     for r in results:
-        settings.setdefault(r["setting"], {}).setdefault(r["loss"], {})[r["seed"]] = r
+        settings.setdefault(run_setting(r), {}).setdefault(r["loss"], {})[r["seed"]] = r
     out = {}
     for setting, losses in settings.items():
         ref = losses.get(reference, {})
@@ -540,6 +547,31 @@ def safety(results: list[dict], reference: str = CLIPPED) -> dict:
             entry["arms"][loss] = arm
         out[setting] = entry
     return out
+
+
+CANDIDATE, INCUMBENT = "respo_first", "respo_current"  # section 2.7.1's arms: respo_epoch_weight first_pass / current
+ADOPT_GAIN, ADOPT_LOSS = 3.0, -3.0  # points: the gain at R = 4, lr 1e-4 (interval above 0), the loss allowed at 3e-5
+
+
+def confirmation(results: list[dict]) -> dict | None:
+    """Section 2.7.1's rule (written before its runs): per setting, ``respo_first - respo_current`` paired by seed;
+    the default becomes ``"auto"`` iff at ``R = 4``, lr 1e-4 the mean is at least +ADOPT_GAIN with the interval above
+    0, and at ``R = 4``, lr 3e-5 the mean is above ADOPT_LOSS. ``None`` when no folder holds both arms."""
+    from benchmarks.common import paired
+
+    finals: dict[str, dict[str, dict[int, float]]] = {}
+    for r in results:
+        if r["loss"] in (CANDIDATE, INCUMBENT):
+            finals.setdefault(run_setting(r), {}).setdefault(r["loss"], {})[r["seed"]] = r["after"]
+    diffs = {setting: paired(arms[CANDIDATE], arms[INCUMBENT]) for setting, arms in finals.items() if len(arms) == 2}
+    if not diffs:
+        return None
+
+    high, recipe_lr = diffs.get("R4 lr1e-4"), diffs.get("R4 lr3e-5")
+    gain = high is not None and high["ci"] is not None and high["mean"] >= ADOPT_GAIN and high["ci"][0] > 0
+    kept = recipe_lr is not None and recipe_lr["mean"] is not None and recipe_lr["mean"] > ADOPT_LOSS
+    return {"first_minus_current": diffs, "gain_at_R4_lr1e-4": gain, "no_loss_at_R4_lr3e-5": kept,
+            "adopt_auto": gain and kept, "complete": high is not None and recipe_lr is not None}  # fmt: skip
 
 
 def _mean_passes(tables: list[list[dict]]) -> list[dict]:
@@ -603,7 +635,7 @@ def write_safety(folders: list[str], out: Path, argv) -> dict:
     import gzip
 
     results = [json.loads(f.read_text()) for d in folders for f in sorted(Path(d, "arms").glob("*.json"))]
-    reading = safety(results)
+    settings = safety(results)
     problems = heldout_problems([], 200)
     for d in folders:  # answer forms of each arm at its peak point and at its last curve point (200 problems)
         for f in sorted(Path(d, "arms").glob("*.answers.json.gz")):
@@ -613,7 +645,8 @@ def write_safety(folders: list[str], out: Path, argv) -> dict:
             peak_step = max((p for p in run["curve"] if p["step"] in steps), key=lambda p: p["accuracy"])["step"]
             forms = {"peak": {"step": peak_step, **answer_forms(problems, answers[str(peak_step)])},
                      "last": {"step": max(steps), **answer_forms(problems, answers[str(max(steps))])}}  # fmt: skip
-            reading[run["setting"]]["arms"][run["loss"]]["per_seed"][run["seed"]]["answers"] = forms
+            settings[run_setting(run)]["arms"][run["loss"]]["per_seed"][run["seed"]]["answers"] = forms
+    reading = {"settings": settings, "confirmation": confirmation(results)}
     reading["config"] = {"folders": folders, "margin_points": SAFE_MARGIN, "fall_points": FALL, "reference": CLIPPED,
                          "machine": machine_info(), "command": command("reuse_lm", argv)}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
@@ -629,10 +662,10 @@ def plot_safety(reading: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    settings = [s for s in reading if s != "config"]
+    settings = reading["settings"]
     fig, axes = plt.subplots(2, len(settings), figsize=(5.5 * len(settings), 8), squeeze=False)
     for col, setting in enumerate(settings):
-        arms = reading[setting]["arms"]
+        arms = settings[setting]["arms"]
         ax = axes[0][col]
         for loss, arm in arms.items():
             finals = [100 * v["final"] for v in arm["per_seed"].values()]
@@ -659,9 +692,7 @@ def plot_safety(reading: dict, path: Path) -> None:
 def safety_markdown(reading: dict) -> str:
     lines = ["| setting | arm | final (%), mean | per seed: peak -> final (largest fall) | minus dapo (points, 95% interval) "
              "| falls > 15 where dapo does not | safe |", "|---|---|---:|---|---|---|---|"]  # fmt: skip
-    for setting, entry in reading.items():
-        if setting == "config":
-            continue
+    for setting, entry in reading["settings"].items():
         for loss, arm in entry["arms"].items():
             seeds = "; ".join(f"{s}: {v['peak']:.0f} -> {100 * v['final']:.1f} ({v['fall']:.0f})" for s, v in arm["per_seed"].items())
             diff = arm.get("minus_reference")
@@ -669,6 +700,17 @@ def safety_markdown(reading: dict) -> str:
             safe = "" if "safe" not in arm else ("yes" if arm["safe"] else "no")
             lines.append(f"| {setting} | {loss} | {arm['final_mean']:.1f} | {seeds} | {d} | "
                          f"{', '.join(map(str, arm.get('falls_where_reference_does_not', []))) or '-'} | {safe} |")  # fmt: skip
+    confirm = reading.get("confirmation")
+    if confirm:
+        lines += ["", f"| setting | {CANDIDATE} - {INCUMBENT} (points, 95% interval) | per seed |", "|---|---|---|"]
+        for setting, diff in confirm["first_minus_current"].items():
+            ci = "" if diff["ci"] is None else f" [{diff['ci'][0]:+.1f}, {diff['ci'][1]:+.1f}]"
+            seeds = "; ".join(f"{s}: {d:+.1f}" for s, d in diff["per_seed"].items())
+            lines.append(f"| {setting} | {diff['mean']:+.1f}{ci} | {seeds} |")
+        verdict = "adopt" if confirm["adopt_auto"] else "keep"
+        lines.append(f"\nSection 2.7.1's rule: gain at R4 lr1e-4 {confirm['gain_at_R4_lr1e-4']}, no loss at R4 lr3e-5 "
+                     f"{confirm['no_loss_at_R4_lr3e-5']} -> {verdict} respo_epoch_weight='auto' as the default"
+                     + ("" if confirm["complete"] else " (incomplete: a setting is missing)"))
     return "\n".join(lines)
 
 

@@ -103,3 +103,44 @@ def test_per_pass_groups_steps_by_their_pass_over_the_batch():
     history = [{"step": s, "grad_norm": g} for s, g in ((1, 1.0), (2, 0.2), (3, 3.0), (4, 0.4), (5, 100.0))]
     table = bench.per_pass({"reuse": 2, "history": history}, steps=4)
     assert [row["grad_norm"] for row in table] == [pytest.approx(2.0), pytest.approx(0.3)]
+
+
+def epochs_run(loss, seed, after, accuracies, lr=1e-4, reuse=4):
+    """A record of section 2.7's shape: the held-out curve, the final accuracy and the logged learning rates."""
+    curve = [{"step": 48 * i, "accuracy": a} for i, a in enumerate(accuracies)]
+    history = [{"step": s, "learning_rate": lr * min(1.0, s / 10), "reuse/pass": (s - 1) % reuse + 1}
+               for s in range(1, 21)]  # fmt: skip
+    return {"loss": loss, "seed": seed, "setting": f"R{reuse}", "reuse": reuse, "before": accuracies[0],
+            "after": after, "curve": curve, "history": history}  # fmt: skip
+
+
+def test_epochs_rule_reads_falls_against_dapo_and_the_paired_interval():
+    curves = {1: (0.1, 0.8, 0.5), 2: (0.1, 0.8, 0.8), 3: (0.1, 0.7, 0.7)}  # respo on seed 1 falls 30 from its peak
+    runs = [epochs_run("dapo", s, c[-1], c) for s, c in curves.items()]
+    runs += [epochs_run("respo", 1, 0.5, (0.1, 0.8, 0.5)), epochs_run("respo", 2, 0.79, (0.1, 0.8, 0.79)),
+             epochs_run("respo", 3, 0.68, (0.1, 0.7, 0.68))]  # fmt: skip
+    runs += [epochs_run("dapo", 1, 0.9, (0.1, 0.9), lr=3e-5)]  # another learning rate: its own setting
+    reading = bench.safety(runs)
+    assert set(reading) == {"R4 lr1e-4", "R4 lr3e-5"}
+    arm = reading["R4 lr1e-4"]["arms"]["respo"]
+    assert arm["per_seed"][1]["fall"] == pytest.approx(30.0) and arm["per_seed"][1]["peak"] == pytest.approx(80.0)
+    assert arm["falls_where_reference_does_not"] == []  # dapo falls by 30 on seed 1 as well
+    assert arm["minus_reference"]["per_seed"] == pytest.approx({1: 0.0, 2: -1.0, 3: -2.0})
+    assert arm["level_holds"] is False and arm["safe"] is False  # 3 seeds, sd 1: the lower end is below -3
+
+    runs[0] = epochs_run("dapo", 1, 0.79, (0.1, 0.8, 0.79))  # dapo holds on seed 1: respo's fall now counts
+    assert bench.safety(runs)["R4 lr1e-4"]["arms"]["respo"]["falls_where_reference_does_not"] == [1]
+
+
+def test_confirmation_adopts_the_candidate_only_when_both_settings_say_so():
+    def arms(lr, gains):
+        return [r for s, g in enumerate(gains, 201) for r in (
+            epochs_run("respo_current", s, 0.5, (0.1, 0.5), lr=lr), epochs_run("respo_first", s, 0.5 + g, (0.1, 0.5), lr=lr))]
+
+    high = arms(1e-4, (0.05, 0.06, 0.04, 0.05))  # +5 points, tight: a gain with its interval above 0
+    assert bench.confirmation(high)["gain_at_R4_lr1e-4"] and not bench.confirmation(high)["adopt_auto"]  # 3e-5 missing
+    assert bench.confirmation(high + arms(3e-5, (-0.02, -0.03, -0.01, -0.02)))["adopt_auto"]
+    assert not bench.confirmation(high + arms(3e-5, (-0.04, -0.03, -0.05, -0.04)))["adopt_auto"]  # -4 at 3e-5
+    small = arms(1e-4, (0.02, 0.03, 0.02, 0.03)) + arms(3e-5, (0.0, 0.0, 0.01, 0.0))  # +2.5 at 1e-4: not enough
+    assert not bench.confirmation(small)["adopt_auto"] and bench.confirmation(small)["no_loss_at_R4_lr3e-5"]
+    assert bench.confirmation([epochs_run("dapo", 1, 0.5, (0.1, 0.5))]) is None
