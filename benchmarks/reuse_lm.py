@@ -707,9 +707,10 @@ def safety_markdown(reading: dict) -> str:
             ci = "" if diff["ci"] is None else f" [{diff['ci'][0]:+.1f}, {diff['ci'][1]:+.1f}]"
             seeds = "; ".join(f"{s}: {d:+.1f}" for s, d in diff["per_seed"].items())
             lines.append(f"| {setting} | {diff['mean']:+.1f}{ci} | {seeds} |")
-        verdict = "adopt" if confirm["adopt_auto"] else "keep"
+        verdict = ("respo_epoch_weight='auto' becomes the default" if confirm["adopt_auto"]
+                   else "the default stays respo_epoch_weight='current'")  # fmt: skip
         lines.append(f"\nSection 2.7.1's rule: gain at R4 lr1e-4 {confirm['gain_at_R4_lr1e-4']}, no loss at R4 lr3e-5 "
-                     f"{confirm['no_loss_at_R4_lr3e-5']} -> {verdict} respo_epoch_weight='auto' as the default"
+                     f"{confirm['no_loss_at_R4_lr3e-5']} -> {verdict}"
                      + ("" if confirm["complete"] else " (incomplete: a setting is missing)"))
     return "\n".join(lines)
 
