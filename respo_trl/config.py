@@ -26,6 +26,10 @@ EPOCH_WEIGHT_MODES = ("auto", "first_pass", "current")
 TRL_TOKEN_EPSILON = GRPOConfig.__dataclass_fields__["epsilon"].default
 LOSS_TYPES = tuple(TRL_LOSS_TYPES)  # what ReSPOTrainer trains: every TRL 1.16 loss_type and ReSPO
 SAMPLER_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL 1.16's vLLM IS modes
+# Where epochs (num_iterations = R > 1) were measured safe for ReSPO's defaults: R at most 4 at learning rates up to
+# 3e-5, on the recipe's tiny model (docs/benchmarks/reuse_lm.md, section 2.7.2: the rule of 2.7 held there on seeds
+# 201-208, not on 101-108, so the bound is fragile; at lr 1e-4 it failed at R = 2 and R = 4 on both seed sets).
+EPOCHS_SAFE_ITERATIONS, EPOCHS_SAFE_LR = 4, 3e-5
 
 
 def check_loss_type(loss_type) -> None:
@@ -358,6 +362,9 @@ class ReSPOConfig(GRPOConfig):
             raise ValueError("respo_routing_replay=True: " + "; ".join(config_problems(self)))
         if self.respo_reshuffle is not None and not isinstance(self.respo_reshuffle, bool):
             raise ValueError(f"respo_reshuffle must be True, False or unset, got {self.respo_reshuffle!r}")
+        bound = epochs_bound_warning(self)
+        if bound:  # the same text warns once per process (Python's default warning filter)
+            warnings.warn(bound, UserWarning, stacklevel=4)
 
     # -- resolved settings (what the trainer uses) --------------------------------------------------------------------
 
@@ -446,6 +453,20 @@ def describe_kernel(args: ReSPOConfig) -> str:
         f"{' (the paper)' if paper else ''}; {mask} (respo_trust_mask={args.respo_trust_mask!r}, "
         f"num_iterations={args.num_iterations}){groups}"
         + ("; on a sample's later passes phi keeps its first-pass W (respo_epoch_weight)" if args.respo_first_pass_weight else "")
+    )
+
+
+def epochs_bound_warning(args) -> str | None:
+    """One line when ReSPO runs epochs outside the setting where they were measured safe (``None`` inside it)."""
+    if args.loss_type != "respo" or args.num_iterations == 1:
+        return None
+    if args.num_iterations <= EPOCHS_SAFE_ITERATIONS and args.learning_rate <= EPOCHS_SAFE_LR:
+        return None
+    return (
+        f"ReSPO with num_iterations={args.num_iterations} at learning_rate={args.learning_rate:g} is outside where "
+        f"epochs were measured safe (num_iterations <= {EPOCHS_SAFE_ITERATIONS} at learning_rate <= "
+        f"{EPOCHS_SAFE_LR:g}, tiny model; at 1e-4 ReSPO fell behind dapo on some seeds): lower learning_rate, or reuse "
+        "by staleness instead (num_iterations=1, respo_updates_per_rollout=N); see docs/reuse.md"
     )
 
 

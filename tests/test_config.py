@@ -132,7 +132,7 @@ def test_respo_reuse_is_a_deprecated_name_of_num_iterations(configs, tmp_path):
         assert build(configs, tmp_path, respo_reuse=4).num_iterations == 4
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the field's own name never warns
-        assert build(configs, tmp_path, num_iterations=3).respo_reuse is None  # one name after construction
+        assert build(configs, tmp_path, num_iterations=3, learning_rate=1e-5).respo_reuse is None  # one name
     with pytest.warns(FutureWarning):
         assert build(configs, tmp_path, num_iterations=2, respo_reuse=2).num_iterations == 2
     with pytest.warns(FutureWarning), pytest.raises(ValueError, match="respo_reuse=4 and num_iterations=2 disagree"):
@@ -212,3 +212,28 @@ def test_whole_groups_need_micro_batches_of_whole_groups(configs, tmp_path):
     with pytest.raises(ValueError, match=r"per_device_train_batch_size \(6\).*num_generations \(4\)"):
         build(configs, tmp_path, respo_whole_groups=True, per_device_train_batch_size=6, num_generations=4)
     assert build(configs, tmp_path, respo_whole_groups=True, per_device_train_batch_size=8, num_generations=4)
+
+
+def test_epochs_warn_once_outside_the_measured_safe_setting(configs, tmp_path):
+    """Issue 40: ReSPO epochs were measured safe only at num_iterations <= 4 with learning_rate <= 3e-5 (tiny model,
+    docs/benchmarks/reuse_lm.md 2.7.2); outside it the config says so in one line naming that setting, and only once."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # inside the setting, on-policy at any rate, and TRL's losses: no warning
+        build(configs, tmp_path, num_iterations=4, learning_rate=3e-5)
+        build(configs, tmp_path, num_iterations=1, learning_rate=1e-3)
+        build(configs, tmp_path, loss_type="dapo", num_iterations=4, learning_rate=1e-4)
+    for overrides in ({"num_iterations": 2, "learning_rate": 1e-4}, {"num_iterations": 8, "learning_rate": 1e-6}):
+        with pytest.warns(UserWarning, match=r"outside where epochs were measured safe \(num_iterations <= 4 at "
+                                             r"learning_rate <= 3e-05"):  # fmt: skip
+            build(configs, tmp_path, **overrides)
+    ReSPOConfig, GRPOConfig = configs
+    plain = GRPOConfig(output_dir=str(tmp_path), **{**CPU_ARGS, "num_iterations": 3, "learning_rate": 5e-5})
+    with pytest.warns(UserWarning, match="num_iterations=3 at learning_rate=5e-05"):  # the upgrade path too
+        ReSPOConfig.from_grpo_config(plain)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # Python's default filter: the same line warns once per process
+        for _ in range(3):
+            build(configs, tmp_path, num_iterations=2, learning_rate=2e-4)
+    assert sum("measured safe" in str(w.message) for w in caught) == 1
