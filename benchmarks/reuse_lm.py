@@ -477,10 +477,14 @@ PASS_KEYS = {
 
 
 def run_setting(run: dict) -> str:
-    """A run's setting with its learning rate (``R4 lr0.0001``): the records name ``R``, and the peak of the logged
-    schedule is the learning rate it ran at (folders of one ``R`` at several learning rates read together)."""
-    lr = max(h["learning_rate"] for h in run["history"] if h.get("learning_rate") is not None)
-    return f"{run['setting']} lr{lr:.0e}".replace("e-0", "e-")
+    """A run's setting with its learning rate (``R4 lr1e-4``, ``R4 lr3.5e-5``): the records name ``R``, and the peak
+    of the logged schedule is the learning rate it ran at (folders of one ``R`` at several learning rates read
+    together). Records that logged no learning rate keep ``R`` alone."""
+    lr = max((h["learning_rate"] for h in run["history"] if h.get("learning_rate") is not None), default=None)
+    if lr is None:
+        return run["setting"]
+    mantissa, exponent = f"{lr:e}".split("e")
+    return f"{run['setting']} lr{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
 def largest_fall(curve: list[dict]) -> tuple[float, float, int | None]:
@@ -704,6 +708,9 @@ def safety_markdown(reading: dict) -> str:
     if confirm:
         lines += ["", f"| setting | {CANDIDATE} - {INCUMBENT} (points, 95% interval) | per seed |", "|---|---|---|"]
         for setting, diff in confirm["first_minus_current"].items():
+            if diff["mean"] is None:
+                lines.append(f"| {setting} | no seed with both arms | |")
+                continue
             ci = "" if diff["ci"] is None else f" [{diff['ci'][0]:+.1f}, {diff['ci'][1]:+.1f}]"
             seeds = "; ".join(f"{s}: {d:+.1f}" for s, d in diff["per_seed"].items())
             lines.append(f"| {setting} | {diff['mean']:+.1f}{ci} | {seeds} |")

@@ -458,8 +458,8 @@ def describe_kernel(args: ReSPOConfig) -> str:
 
 def epochs_bound_warning(args) -> str | None:
     """One line when ReSPO runs epochs outside the setting where they were measured safe (``None`` inside it)."""
-    if args.loss_type != "respo" or args.num_iterations == 1:
-        return None
+    if args.loss_type != "respo" or args.num_iterations == 1 or not isinstance(args.learning_rate, (int, float)):
+        return None  # a learning rate that is not a number is TRL's to refuse
     if args.num_iterations <= EPOCHS_SAFE_ITERATIONS and args.learning_rate <= EPOCHS_SAFE_LR:
         return None
     return (

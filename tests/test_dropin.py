@@ -151,7 +151,7 @@ def test_sampler_ratio_reaches_respo_coefficient(build, mode, monkeypatch):
     with use_fake_vllm():
         trainer.train()
     advantages, log_ratio, mask, ratio, kept_log_w, coef = records[0]
-    assert kept_log_w is None  # the default ("current") builds W from this pass's ratio and the sampler's
+    assert kept_log_w is None  # each sample used once: W is this pass's ratio times the sampler's, never a kept one
     assert ratio is not None and ratio.shape == ((mask.shape[0], 1) if mode.startswith("sequence") else mask.shape)
     assert torch.equal(log_ratio, torch.zeros_like(log_ratio))  # fresh pass: pi_theta == pi_old exactly
     dropped = ratio == 0

@@ -122,6 +122,10 @@ def test_epochs_rule_reads_falls_against_dapo_and_the_paired_interval():
     runs += [epochs_run("dapo", 1, 0.9, (0.1, 0.9), lr=3e-5)]  # another learning rate: its own setting
     reading = bench.safety(runs)
     assert set(reading) == {"R4 lr1e-4", "R4 lr3e-5"}
+    decaying = epochs_run("dapo", 1, 0.9, (0.1, 0.9), lr=3.5e-5)
+    decaying["history"] = [{**h, "learning_rate": 3.5e-5 * (1 - (h["step"] - 1) / 40)} for h in decaying["history"]]
+    assert bench.run_setting(decaying) == "R4 lr3.5e-5"  # the schedule's peak, its digits kept
+    assert bench.run_setting({**decaying, "history": [{"step": 1}]}) == "R4"  # no learning rate logged
     arm = reading["R4 lr1e-4"]["arms"]["respo"]
     assert arm["per_seed"][1]["fall"] == pytest.approx(30.0) and arm["per_seed"][1]["peak"] == pytest.approx(80.0)
     assert arm["falls_where_reference_does_not"] == []  # dapo falls by 30 on seed 1 as well
@@ -141,6 +145,9 @@ def test_confirmation_adopts_the_candidate_only_when_both_settings_say_so():
     assert bench.confirmation(high)["gain_at_R4_lr1e-4"] and not bench.confirmation(high)["adopt_auto"]  # 3e-5 missing
     assert bench.confirmation(high + arms(3e-5, (-0.02, -0.03, -0.01, -0.02)))["adopt_auto"]
     assert not bench.confirmation(high + arms(3e-5, (-0.04, -0.03, -0.05, -0.04)))["adopt_auto"]  # -4 at 3e-5
+    wide = arms(1e-4, (0.30, -0.20, 0.25, -0.15)) + arms(3e-5, (0.0, 0.0, 0.01, 0.0))  # +5 with an interval across 0
+    assert bench.confirmation(wide)["first_minus_current"]["R4 lr1e-4"]["mean"] == pytest.approx(5.0)
+    assert not bench.confirmation(wide)["gain_at_R4_lr1e-4"]
     small = arms(1e-4, (0.02, 0.03, 0.02, 0.03)) + arms(3e-5, (0.0, 0.0, 0.01, 0.0))  # +2.5 at 1e-4: not enough
     assert not bench.confirmation(small)["adopt_auto"] and bench.confirmation(small)["no_loss_at_R4_lr3e-5"]
     assert bench.confirmation([epochs_run("dapo", 1, 0.5, (0.1, 0.5))]) is None
