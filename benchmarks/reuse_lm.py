@@ -557,17 +557,18 @@ CANDIDATE, INCUMBENT = "respo_first", "respo_current"  # section 2.7.1's arms: r
 ADOPT_GAIN, ADOPT_LOSS = 3.0, -3.0  # points: the gain at R = 4, lr 1e-4 (interval above 0), the loss allowed at 3e-5
 
 
-def confirmation(results: list[dict]) -> dict | None:
-    """Section 2.7.1's rule (written before its runs): per setting, ``respo_first - respo_current`` paired by seed;
-    the default becomes ``"auto"`` iff at ``R = 4``, lr 1e-4 the mean is at least +ADOPT_GAIN with the interval above
-    0, and at ``R = 4``, lr 3e-5 the mean is above ADOPT_LOSS. ``None`` when no folder holds both arms."""
+def confirmation(settings: dict) -> dict | None:
+    """Section 2.7.1's rule (written before its runs), on :func:`safety`'s reading: per setting, ``respo_first -
+    respo_current`` paired by seed; the default becomes ``"auto"`` iff at ``R = 4``, lr 1e-4 the mean is at least
+    +ADOPT_GAIN with the interval above 0, and at ``R = 4``, lr 3e-5 the mean is above ADOPT_LOSS. ``None`` when no
+    setting holds both arms."""
     from benchmarks.common import paired
 
-    finals: dict[str, dict[str, dict[int, float]]] = {}
-    for r in results:
-        if r["loss"] in (CANDIDATE, INCUMBENT):
-            finals.setdefault(run_setting(r), {}).setdefault(r["loss"], {})[r["seed"]] = r["after"]
-    diffs = {setting: paired(arms[CANDIDATE], arms[INCUMBENT]) for setting, arms in finals.items() if len(arms) == 2}
+    def finals(arm: dict) -> dict[int, float]:
+        return {seed: v["final"] for seed, v in arm["per_seed"].items()}
+
+    diffs = {setting: paired(finals(entry["arms"][CANDIDATE]), finals(entry["arms"][INCUMBENT]))
+             for setting, entry in settings.items() if {CANDIDATE, INCUMBENT} <= set(entry["arms"])}  # fmt: skip
     if not diffs:
         return None
 
@@ -650,7 +651,7 @@ def write_safety(folders: list[str], out: Path, argv) -> dict:
             forms = {"peak": {"step": peak_step, **answer_forms(problems, answers[str(peak_step)])},
                      "last": {"step": max(steps), **answer_forms(problems, answers[str(max(steps))])}}  # fmt: skip
             settings[run_setting(run)]["arms"][run["loss"]]["per_seed"][run["seed"]]["answers"] = forms
-    reading = {"settings": settings, "confirmation": confirmation(results)}
+    reading = {"settings": settings, "confirmation": confirmation(settings)}
     reading["config"] = {"folders": folders, "margin_points": SAFE_MARGIN, "fall_points": FALL, "reference": CLIPPED,
                          "machine": machine_info(), "command": command("reuse_lm", argv)}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)

@@ -142,12 +142,12 @@ def test_confirmation_adopts_the_candidate_only_when_both_settings_say_so():
             epochs_run("respo_current", s, 0.5, (0.1, 0.5), lr=lr), epochs_run("respo_first", s, 0.5 + g, (0.1, 0.5), lr=lr))]
 
     high = arms(1e-4, (0.05, 0.06, 0.04, 0.05))  # +5 points, tight: a gain with its interval above 0
-    assert bench.confirmation(high)["gain_at_R4_lr1e-4"] and not bench.confirmation(high)["adopt_auto"]  # 3e-5 missing
-    assert bench.confirmation(high + arms(3e-5, (-0.02, -0.03, -0.01, -0.02)))["adopt_auto"]
-    assert not bench.confirmation(high + arms(3e-5, (-0.04, -0.03, -0.05, -0.04)))["adopt_auto"]  # -4 at 3e-5
+    assert bench.confirmation(bench.safety(high))["gain_at_R4_lr1e-4"] and not bench.confirmation(bench.safety(high))["adopt_auto"]  # 3e-5 missing
+    assert bench.confirmation(bench.safety(high + arms(3e-5, (-0.02, -0.03, -0.01, -0.02))))["adopt_auto"]
+    assert not bench.confirmation(bench.safety(high + arms(3e-5, (-0.04, -0.03, -0.05, -0.04))))["adopt_auto"]  # -4 at 3e-5
     wide = arms(1e-4, (0.30, -0.20, 0.25, -0.15)) + arms(3e-5, (0.0, 0.0, 0.01, 0.0))  # +5 with an interval across 0
-    assert bench.confirmation(wide)["first_minus_current"]["R4 lr1e-4"]["mean"] == pytest.approx(5.0)
-    assert not bench.confirmation(wide)["gain_at_R4_lr1e-4"]
+    assert bench.confirmation(bench.safety(wide))["first_minus_current"]["R4 lr1e-4"]["mean"] == pytest.approx(5.0)
+    assert not bench.confirmation(bench.safety(wide))["gain_at_R4_lr1e-4"]
     small = arms(1e-4, (0.02, 0.03, 0.02, 0.03)) + arms(3e-5, (0.0, 0.0, 0.01, 0.0))  # +2.5 at 1e-4: not enough
-    assert not bench.confirmation(small)["adopt_auto"] and bench.confirmation(small)["no_loss_at_R4_lr3e-5"]
-    assert bench.confirmation([epochs_run("dapo", 1, 0.5, (0.1, 0.5))]) is None
+    assert not bench.confirmation(bench.safety(small))["adopt_auto"] and bench.confirmation(bench.safety(small))["no_loss_at_R4_lr3e-5"]
+    assert bench.confirmation(bench.safety([epochs_run("dapo", 1, 0.5, (0.1, 0.5))])) is None
