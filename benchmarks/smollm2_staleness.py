@@ -176,16 +176,21 @@ def split_rows(model: str, split: str, task: str, limit: int | None = None) -> d
     return {k: v[:limit] for k, v in rows.items()} if limit else rows
 
 
-def evaluate(model, tokenizer, rows: dict, samples: int, seed: int, profile: bool = False) -> dict:
+def evaluate(model, tokenizer, rows: dict, samples: int, seed: int, answers: bool = False) -> dict:
     """avg@``samples`` accuracy (the training reward, :func:`last_integer_accuracy_reward`) at the training
-    temperature, and the mean answer length, on ``rows``."""
+    temperature, and the mean answer length, on ``rows``; with ``answers``, every answer as ``[solution, completion,
+    correct]`` (prompt-major, the split's order), so the answers' form can be read later."""
     from respo_trl.recipe.generation import sampling_profile
     from respo_trl.rewards import last_integer_accuracy_reward
 
     result = sampling_profile(model, tokenizer, rows["prompt"], rows["solution"], max_new_tokens=MAX_TOKENS,
                               samples_per_prompt=samples, temperature=TEMPERATURE, batch_size=32, seed=seed,
-                              reward_fn=last_integer_accuracy_reward)  # fmt: skip
+                              reward_fn=last_integer_accuracy_reward, keep_completions=answers)  # fmt: skip
     result.pop("per_prompt_accuracy", None)
+    if answers:
+        solutions = [s for s in rows["solution"] for _ in range(samples)]
+        result["answers"] = [[s, c, float(r)] for s, c, r in
+                             zip(solutions, result.pop("completions"), result.pop("correct"))]  # fmt: skip
     return result
 
 
@@ -298,7 +303,7 @@ def run_one(spec: dict) -> dict:
         *spec["argv"], "--model_name_or_path", spec["model"], "--seed", str(spec["seed"]),
         "--respo_updates_per_rollout", str(n), "--max_steps", str(spec["updates"]), "--learning_rate", str(spec["lr"]),
         "--output_dir", output_dir, "--save_strategy", "steps", "--save_steps", str(max(n, 4)),
-        "--save_total_limit", str(2 if not spec["save_at"] else 100),
+        "--save_total_limit", str(100 if spec["save_at"] or spec.get("keep_checkpoints") else 2),
         *(["--save_at_steps", *map(str, spec["save_at"])] if spec["save_at"] else []),
         *(["--resume_from_checkpoint", resume] if resume else []),
     ]  # fmt: skip
@@ -319,7 +324,8 @@ def run_one(spec: dict) -> dict:
         if spec["evaluate"]:  # validation (gate) or test (comparison): once, at the end
             model = AutoModelForCausalLM.from_pretrained(output_dir)
             rows = split_rows(spec["model"], spec["evaluate"], spec["task"], spec.get("eval_problems"))
-            record[spec["evaluate"]] = evaluate(model, tokenizer, rows, spec["eval_samples"], seed=spec["seed"])
+            record[spec["evaluate"]] = evaluate(model, tokenizer, rows, spec["eval_samples"], seed=spec["seed"],
+                                                answers=spec["evaluate"] == "test")  # fmt: skip
         if spec["save_at"]:  # the staleness probe: the base policy's samples scored by each checkpoint
             probe = json.loads(Path(spec["probe_path"]).read_text())
             record["probe"] = {}
@@ -328,7 +334,22 @@ def run_one(spec: dict) -> dict:
                 logps = sequence_logps(model, probe, tokenizer.pad_token_id)
                 lengths = [len(c) for c in probe["completion_ids"]]
                 record["probe"][str(k)] = probe_reading(probe["base_logps"], logps, probe["reward"], lengths)
+        if spec.get("keep_checkpoints"):
+            keep_checkpoints(output_dir, Path(spec["work"], "checkpoints", spec["name"]))
     return write_record(record, spec, output_dir, start, train_s, resume, finished)
+
+
+def keep_checkpoints(output_dir: str, dest: Path) -> None:
+    """Every checkpoint's weights, config and tokenizer (not its optimizer state) moved to ``dest`` before the run's
+    scratch folder is removed: the mechanism stage scores losses at these policies."""
+    import shutil
+
+    for checkpoint in sorted(Path(output_dir).glob("checkpoint-*")):
+        target = dest / checkpoint.name
+        target.mkdir(parents=True, exist_ok=True)
+        for f in checkpoint.iterdir():
+            if f.is_file() and not f.name.startswith(("optimizer", "scheduler", "rng_state", "respo_buffer")):
+                shutil.move(str(f), target / f.name)
 
 
 def run_started(output_dir: str) -> dict:
@@ -705,7 +726,9 @@ def compare_specs(args, task: str, gate: dict, arms=ARMS, seeds=None) -> list[di
         arm_n = 1 if arm == "onpolicy" else n
         specs.append({**common_spec(args, task), "name": f"{arm}_s{seed}", "kind": arm, "stage": "compare",
                       "arm": arm, "lr": lr, "N": arm_n, "seed": seed, "updates": updates, "save_at": [],
-                      "evaluate": "test", "argv": [*common_spec(args, task)["argv"], *loss]})  # fmt: skip
+                      "evaluate": "test", "argv": [*common_spec(args, task)["argv"], *loss],
+                      # the on-policy arm's checkpoints (every 4 updates) are the mechanism stage's theta_t
+                      "keep_checkpoints": arm == "onpolicy"})  # fmt: skip
     return specs
 
 

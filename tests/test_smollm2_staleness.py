@@ -4,6 +4,7 @@ the refusals (a gate read early, a resume with other settings) and a smoke run o
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 
@@ -191,3 +192,10 @@ def test_smoke_run_of_every_stage(tiny_model_dir, tmp_path):
     row = summary["arms"]["respo"]["per_seed"]["1"]
     assert row["test"] is not None and row["generated_tokens"] > 0 and not math.isnan(row["wall_s"])
     assert len(row["low_w_share_by_cycle"]) == 2 and (out / "smollm2_staleness.png").is_file()
+    record = json.loads((out / "arms" / "respo_s1.json").read_text())  # every test answer kept, graded
+    answers = record["test"]["answers"]
+    assert len(answers) == study.SMOKE["eval_problems"] * study.EVAL_SAMPLES
+    assert statistics.fmean(a[2] for a in answers) == record["test"]["accuracy"]
+    kept = work / "checkpoints" / "onpolicy_s1"  # the on-policy arm's policies, for the mechanism stage
+    assert [p.name for p in kept.iterdir()] == ["checkpoint-4"] and (kept / "checkpoint-4" / "config.json").is_file()
+    assert not (work / "checkpoints" / "respo_s1").exists() and not list(kept.glob("*/optimizer.pt"))

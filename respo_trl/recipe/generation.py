@@ -128,6 +128,7 @@ def sampling_profile(
     batch_size: int = 64,
     seed: int = 0,
     reward_fn=None,
+    keep_completions: bool = False,
 ) -> dict:
     """What a policy looks like where RL will sample it: accuracy and entropy of completions at ``temperature``.
 
@@ -135,6 +136,8 @@ def sampling_profile(
     the entropy of the policy's next-token distribution (at ``temperature``) at every completion token. Returns the
     accuracy (``avg@samples``), mean completion length, mean per-token entropy (nats, pooled over tokens) and mean
     entropy per response (nats summed over a completion: what a sequence log-weight ``log W`` can move with).
+    ``keep_completions`` adds the decoded completions and their grades, in prompt-major order, so what was learnt can
+    be read from the answers themselves.
     """
     was_training = model.training
     model.eval()
@@ -186,4 +189,5 @@ def sampling_profile(
             sum(correct[i : i + samples_per_prompt]) / samples_per_prompt
             for i in range(0, len(correct), samples_per_prompt)
         ],
+        **({"completions": texts, "correct": list(correct)} if keep_completions else {}),
     }
