@@ -134,12 +134,43 @@ def code_commit() -> str:
 
 def load_runs(folder) -> dict[str, dict]:
     """The finished runs' records in ``folder`` (``<name>.json``), by run name, sorted (the summaries' order does not
-    depend on the disk); empty when the folder does not exist."""
+    depend on the disk); empty when the folder does not exist. A history stored as columns (:func:`compact_history`)
+    comes back as one dict per logged step, as every reader expects."""
     import json
     from pathlib import Path
 
     folder = Path(folder)
-    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))} if folder.exists() else {}
+    if not folder.exists():
+        return {}
+    runs = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+    for run in runs.values():
+        if isinstance(run.get("history"), dict):
+            run["history"] = history_rows(run["history"])
+    return runs
+
+
+SIGNIFICANT_DIGITS = 6  # a logged metric kept in a record: more than any table prints, a third of float64's text
+
+
+def _rounded(value):
+    if isinstance(value, float) and math.isfinite(value) and value != 0:
+        return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
+    return value
+
+
+def compact_history(history: list[dict], keys) -> dict[str, list]:
+    """Per-step metrics as columns: ``step`` and each of ``keys`` that some step logged, one list entry per step (None
+    where that step did not log the key), floats to :data:`SIGNIFICANT_DIGITS` significant digits. A run's record
+    stores its history so; :func:`load_runs` gives it back as rows."""
+    present = [k for k in keys if any(k in h for h in history)]
+    return {"step": [h["step"] for h in history], **{k: [_rounded(h.get(k)) for h in history] for k in present}}
+
+
+def history_rows(columns: dict[str, list]) -> list[dict]:
+    """The rows of a :func:`compact_history` (a key a step did not log is absent from its row, as in the log)."""
+    keys = [k for k in columns if k != "step"]
+    return [{"step": step, **{k: columns[k][i] for k in keys if columns[k][i] is not None}}
+            for i, step in enumerate(columns["step"])]  # fmt: skip
 
 
 def next_ready(queue: list[dict], ready: set, free: int) -> list[dict]:
@@ -204,7 +235,7 @@ def resume_state(output_dir: str, updates: int) -> tuple[str | None, dict | None
     the end but was cut before its report was written."""
     import json
 
-    from respo_trl.buffer import finished_at, last_complete_checkpoint
+    from respo_trl.checkpoints import finished_at, last_complete_checkpoint
 
     resume, _ = last_complete_checkpoint(output_dir, num_processes=1)
     if resume is None or finished_at(resume, updates) is None:
@@ -263,6 +294,31 @@ HISTORY_KEYS = (
     *(f"starvation/low_weight_pos/{k}" for k in ("n", "n_low", "mass", "mass_low", "respo_mass", "respo_mass_low",
                                                   "vespo_mass", "vespo_mass_low")),
 )  # fmt: skip
+
+
+def largest_fall(curve: list[dict]) -> tuple[float, float, int | None]:
+    """(peak, largest fall below the running peak, in points; the step where that fall is reached) of a held-out
+    curve (the step-0 point included)."""
+    peak, fall, at, best = -1.0, 0.0, None, -1.0
+    for point in curve:
+        best = max(best, 100 * point["accuracy"])
+        if best - 100 * point["accuracy"] > fall:
+            fall, at = best - 100 * point["accuracy"], point["step"]
+        peak = best
+    return peak, fall, at
+
+
+def tokens_to_reach(curve: list[tuple[float, float]], target: float) -> float | None:
+    """First generated-token count at which the (linearly interpolated) curve of (tokens, accuracy) reaches
+    ``target``; None if never."""
+    import itertools
+
+    for (t0, a0), (t1, a1) in itertools.pairwise(curve):
+        if a0 >= target:
+            return t0
+        if a1 >= target:
+            return t0 + (t1 - t0) * (target - a0) / (a1 - a0)
+    return curve[-1][0] if curve and curve[-1][1] >= target else None
 
 
 def spread(values: list[float]) -> dict:

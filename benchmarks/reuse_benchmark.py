@@ -35,11 +35,12 @@ def run_once(reuse: int, steps: int, completion_len: int, args, tokenizer, datas
         generation_seconds = 0.0
         generations = 0
 
-        def _fill_buffer(self, generation_batch):
+        def _sample(self, generation_batch):
             start = time.perf_counter()
-            super()._fill_buffer(generation_batch)
+            batch = super()._sample(generation_batch)
             self.generation_seconds += time.perf_counter() - start
             self.generations += 1
+            return batch
 
     config = ReSPOConfig(
         output_dir=os.path.join(tmp, f"r{reuse}-{completion_len}"),

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gzip
-import itertools
 import json
 import math
 import os
@@ -44,7 +43,19 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import LOSS_ARGS, code_commit, command, load_runs, machine_info, pos_length_growth, run_pool, spread, warm_start
+from benchmarks.common import (
+    LOSS_ARGS,
+    code_commit,
+    command,
+    largest_fall,
+    load_runs,
+    machine_info,
+    pos_length_growth,
+    run_pool,
+    spread,
+    tokens_to_reach,
+    warm_start,
+)
 
 LOSSES = ("dapo", "gspo", "vespo", "respo")
 CLIPPED = "dapo"  # the baseline of the summary claims: TRL's default clipped loss
@@ -188,16 +199,6 @@ def mean_curve(runs: list[dict]) -> list[tuple[float, float]]:
         )
         for i in range(length)
     ]
-
-
-def tokens_to_reach(curve: list[tuple[float, float]], target: float) -> float | None:
-    """First generated-token count at which the (linearly interpolated) curve reaches ``target``; None if never."""
-    for (t0, a0), (t1, a1) in itertools.pairwise(curve):
-        if a0 >= target:
-            return t0
-        if a1 >= target:
-            return t0 + (t1 - t0) * (target - a0) / (a1 - a0)
-    return curve[-1][0] if curve and curve[-1][1] >= target else None
 
 
 def mean_curve_by_step(runs: list[dict]) -> list[tuple[float, float]]:
@@ -485,18 +486,6 @@ def run_setting(run: dict) -> str:
         return run["setting"]
     mantissa, exponent = f"{lr:e}".split("e")
     return f"{run['setting']} lr{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
-
-
-def largest_fall(curve: list[dict]) -> tuple[float, float, int | None]:
-    """(peak, largest fall below the running peak, in points; the step where that fall is reached) of a held-out
-    curve (the step-0 point included)."""
-    peak, fall, at, best = -1.0, 0.0, None, -1.0
-    for point in curve:
-        best = max(best, 100 * point["accuracy"])
-        if best - 100 * point["accuracy"] > fall:
-            fall, at = best - 100 * point["accuracy"], point["step"]
-        peak = best
-    return peak, fall, at
 
 
 def by_pass(run: dict, first: int = 1, last: int | None = None) -> list[dict]:

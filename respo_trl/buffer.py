@@ -21,7 +21,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 from safetensors import SafetensorError
@@ -50,10 +51,6 @@ RESUME_FIELDS = {
 }
 PERMUTATION_FIELDS = ("seed", "reshuffle")
 
-TRAINER_STATE = "trainer_state.json"  # transformers writes it last into a checkpoint: its presence marks completion
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-
-
 def buffer_files(checkpoint_dir: str, rank: int) -> tuple[str, str]:
     stem = os.path.join(checkpoint_dir, f"rollout_buffer-rank{rank}")
     return stem + ".safetensors", stem + ".json"
@@ -62,66 +59,6 @@ def buffer_files(checkpoint_dir: str, rank: int) -> tuple[str, str]:
 def has_buffer_files(checkpoint_dir: str) -> bool:
     """Whether any process saved a rollout buffer into ``checkpoint_dir`` (plain GRPOTrainer checkpoints have none)."""
     return any(name.startswith("rollout_buffer-rank") and name.endswith(".json") for name in os.listdir(checkpoint_dir))
-
-
-def checkpoint_status(checkpoint_dir: str, num_processes: int) -> str | None:
-    """``None`` if ``checkpoint_dir`` is a complete checkpoint to resume from, else why not (one line).
-
-    Complete means: transformers' ``trainer_state.json`` (written last) is there, and either every one of the
-    ``num_processes`` ranks saved its rollout buffer or none did (a checkpoint of plain ``GRPOTrainer``).
-    """
-    if not os.path.isfile(os.path.join(checkpoint_dir, TRAINER_STATE)):
-        return f"incomplete checkpoint (no {TRAINER_STATE}: the save was interrupted)"
-    if not has_buffer_files(checkpoint_dir):
-        return None
-    missing = [r for r in range(num_processes) if not all(os.path.isfile(p) for p in buffer_files(checkpoint_dir, r))]
-    if missing:
-        return (
-            f"rollout buffer files of rank(s) {missing} are missing (saved with another number of processes, the save "
-            f"was interrupted, or on a multi-node run output_dir is not on a filesystem every node shares: each rank "
-            f"writes its own buffer file); this run has {num_processes} process(es)"
-        )
-    return None
-
-
-def finished_at(checkpoint_dir: str, max_steps: int) -> str | None:
-    """Why resuming from ``checkpoint_dir`` would train what it should not (one line), or ``None``.
-
-    transformers checks the stop only after a step, so a run resumed from a checkpoint already at (or past)
-    ``max_steps`` (a relaunched job, a benchmark started again) silently trains one update more than asked. Runs
-    bounded by epochs (``max_steps <= 0``) are not checked: the step count they stop at is transformers' to compute
-    (a fractional ``num_train_epochs`` over-runs the same way)."""
-    if max_steps <= 0:
-        return None
-    path = os.path.join(checkpoint_dir, TRAINER_STATE)
-    try:
-        with open(path) as f:
-            done = json.load(f)["global_step"]
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-        return f"{path} is not a trainer state ({type(error).__name__}: {error})"
-    if done < max_steps:
-        return None
-    return (
-        f"the checkpoint is at step {done}, already at or past max_steps {max_steps}: nothing to train (a larger "
-        "max_steps trains on, though a decaying lr schedule then differs from one run to the new max_steps)"
-    )
-
-
-def last_complete_checkpoint(output_dir: str, num_processes: int) -> tuple[str | None, list[tuple[str, str]]]:
-    """The newest complete ``checkpoint-N`` folder of ``output_dir`` (or None), and the newer ones skipped, with why."""
-    if not os.path.isdir(output_dir):
-        return None, []
-    found = [(int(m.group(1)), name) for name in os.listdir(output_dir) if (m := _CHECKPOINT.match(name))]
-    skipped = []
-    for _, name in sorted(found, reverse=True):
-        path = os.path.join(output_dir, name)
-        if not os.path.isdir(path):
-            continue
-        problem = checkpoint_status(path, num_processes)
-        if problem is None:
-            return path, skipped
-        skipped.append((path, problem))
-    return None, skipped
 
 
 def _write_atomically(path: str, write) -> None:
@@ -175,8 +112,49 @@ def check_contiguous_groups(batch: Batch, group_size: int) -> None:
         )
 
 
+# What makes the trainer sample before a batch has served its ``R`` passes (``RolloutBuffer.adaptive``): the mean
+# per-token KL(pi_old || pi_theta) of the batch above the threshold, or the ESS of its sequence weights below it.
+ADAPTIVE_SIGNALS = ("kl", "ess")
+
+
+def _concat(values: list):
+    """Rows of several micro-batches as one: tensors along dim 0, lists joined, shared scalars kept."""
+    first = values[0]
+    if isinstance(first, torch.Tensor) and first.ndim > 0:
+        return torch.cat(values)
+    if isinstance(first, list):
+        return [item for value in values for item in value]
+    return first
+
+
+@dataclass(frozen=True)
+class Served:
+    """One micro-batch as the schedule served it, and what happened before it was served."""
+
+    batch: Batch
+    generation: int  # which stored batch it comes from (RolloutBuffer.generation_index)
+    pass_index: int  # that batch's own pass over its rollouts (0: fresh)
+    signals: dict[str, float] | None  # the drift measured before it ({"kl", "ess"}); None: nothing was checked
+    sampled: str | None  # why a batch was sampled for it: "cycle", "refresh" (ESS floor) or "stop" (adaptive)
+
+
 class RolloutBuffer:
-    """Serves one stored generation batch as ``steps_per_generation`` micro-batches per pass, for ``reuse`` passes."""
+    """The reuse schedule and the rollouts it serves: one stored generation batch, ``steps_per_generation``
+    micro-batches per pass, ``reuse`` passes (one *cycle*), then a new batch.
+
+    :meth:`next_micro_batch` is the whole schedule; the trainer gives it two functions, one that samples a fresh
+    generation batch and one that measures how far the current policy has drifted from the one that sampled the
+    stored rows (a forward pass), and serves what it returns. Two things sample before a cycle ends:
+
+    * ``min_ess`` (a refresh): where rollouts are stale (before each reuse pass: the whole batch; under the paper's
+      ``N``, before each optimizer step inside a pass: that step's micro-batches), an ESS of ``W`` below the floor
+      replaces the batch for the same cycle; the fresh batch serves the cycle's remaining micro-batches.
+    * ``adaptive`` (an early stop): before each reuse pass, a drift above ``threshold`` drops the batch's remaining
+      passes and starts a new cycle on a fresh batch, which may serve all ``reuse`` passes. ``"kl"``: the mean
+      per-token KL(pi_old || pi_theta) over the batch's tokens (the ``target_kl`` early stop of PPO implementations,
+      with their ``1.5 x target_kl`` as ``threshold``); ``"ess"``: the normalised ESS of the sequence weights ``W``
+      below ``threshold``.
+    """
 
     def __init__(
         self,
@@ -188,11 +166,17 @@ class RolloutBuffer:
         num_processes: int = 1,
         group_size: int | None = None,
         track_first_weight: bool = False,
+        accumulation: int = 1,
+        min_ess: float | None = None,
+        adaptive: str | None = None,
+        threshold: float | None = None,
     ):
         if reuse < 1:
             raise ValueError(f"reuse must be >= 1, got {reuse}")
         if group_size is not None and group_size < 1:
             raise ValueError(f"group_size must be >= 1 or None, got {group_size}")
+        if adaptive is not None and (adaptive not in ADAPTIVE_SIGNALS or threshold is None):
+            raise ValueError(f"adaptive must be one of {ADAPTIVE_SIGNALS} with a threshold, got {adaptive!r}, {threshold!r}")
         self.reuse = reuse
         self.steps_per_generation = steps_per_generation
         self.reshuffle = reshuffle
@@ -201,21 +185,135 @@ class RolloutBuffer:
         self.num_processes = num_processes  # each process holds its own slice: a resume needs the same number
         self.group_size = group_size  # None: rows are the unit of the shuffle; else whole groups of this many rows
         self.track_first_weight = track_first_weight  # store ROW_KEY / FIRST_LOG_W_KEY with every batch
+        self.accumulation = accumulation  # micro-batches per optimizer step: the ESS floor's unit inside a pass
+        self.min_ess, self.adaptive, self.threshold = min_ess, adaptive, threshold
         self.batch: Batch | None = None
         self.generation_index = 0  # how many batches were stored (fresh or refreshed)
         self.generated_tokens = 0  # completion tokens sampled so far, summed over processes
-        self.refreshes = 0  # batches replaced early because their ESS fell below the floor
-        # The pass of the trainer's reuse cycle in which the stored batch was stored: 0 for a batch sampled at the
-        # start of a cycle, later for one that replaced a stale batch mid-cycle (the ESS floor). The batch's own pass
-        # over its rollouts is the cycle's pass minus this.
+        self.refreshes = 0  # batches sampled before their cycle ended (ESS floor refreshes and adaptive stops)
+        self.position = 0  # micro-batches served in the current cycle; 0: the next one starts a new cycle
+        # The pass of the cycle in which the stored batch was stored: 0 for a batch sampled at the start of a cycle,
+        # later for one that replaced a stale batch mid-cycle (the ESS floor). The batch's own pass over its rollouts
+        # is the cycle's pass minus this.
         self.first_pass = 0
+        self.step_passes: list[tuple[int, int]] = []  # (generation, pass) of each micro-batch of the optimizer step
+        self._tokens_at_step_start = 0
+        self._fresh_grad_norm: tuple[int, float] | None = None  # (generation, grad_norm of its fresh pass)
         self._permutation: tuple[int, torch.Tensor] | None = None
 
-    # -- filling and serving ---------------------------------------------------------------------------------------
+    @property
+    def samples_next(self) -> bool:
+        """Whether the next micro-batch starts a new cycle on a fresh batch (a cycle ended, or nothing is stored)."""
+        return self.position == 0 or self.batch is None
+
+    @property
+    def cycle_length(self) -> int:
+        """Micro-batches one batch serves when nothing stops it early: ``steps_per_generation x reuse``."""
+        return self.steps_per_generation * self.reuse
+
+    # -- the schedule ----------------------------------------------------------------------------------------------
+
+    def next_micro_batch(
+        self,
+        step: int,
+        sample: Callable[[], Batch],
+        measure: Callable[[Batch], dict[str, float] | None],
+        device: torch.device | str | None = None,
+        new_step: bool = True,
+    ) -> Served:
+        """The next micro-batch of the schedule, at optimizer step ``step`` (the policy version of what is sampled
+        now). ``sample()`` returns a fresh generation batch (this process's slice); ``measure(rows)`` returns the
+        drift ``{"kl", "ess"}`` of the current policy from the sampling one on ``rows`` (the same on every process),
+        or None when it cannot be measured. ``new_step``: this micro-batch is the first of an optimizer step."""
+        if new_step:
+            self.step_passes = []
+        cycle_pass, micro = divmod(self.position, self.steps_per_generation)
+        signals, sampled = None, None
+        if self.position == 0:
+            self.store(sample(), step)
+            sampled = "cycle"
+        elif self.batch is None:  # mid-cycle with nothing stored: resampling here would silently change the run
+            raise RuntimeError(
+                f"No buffered rollouts to reuse at micro-batch {micro} of pass {cycle_pass + 1} of {self.reuse}; "
+                "resume from a checkpoint that holds its rollout buffer."
+            )
+        elif (rows := self._rows_to_check(cycle_pass, micro)) is not None:
+            signals = measure(rows)
+            sampled = self._decision(signals)
+            if sampled == "stop":  # the batch's remaining passes are dropped: a new cycle on a fresh batch
+                self.store(sample(), step)
+                self.position, cycle_pass, micro = 0, 0, 0
+            elif sampled == "refresh":  # same cycle: the fresh batch serves its remaining micro-batches
+                self.store(sample(), step, first_pass=cycle_pass)
+            if sampled:
+                self.refreshes += 1
+        pass_index = cycle_pass - self.first_pass
+        self.step_passes.append((self.generation_index, pass_index))
+        batch = self.micro_batch(pass_index, micro, device)
+        self.position = (self.position + 1) % self.cycle_length
+        return Served(batch, self.generation_index, pass_index, signals, sampled)
+
+    def _rows_to_check(self, cycle_pass: int, micro: int) -> Batch | None:
+        """What the drift is measured on before micro-batch ``micro`` of pass ``cycle_pass`` (never the first
+        micro-batch of a cycle): the whole batch before a reuse pass; with the ESS floor, before each optimizer step
+        inside a pass, that step's micro-batches (they stand or fall together). None: no check here."""
+        if self.min_ess is None and self.adaptive is None:
+            return None
+        if micro == 0:
+            return self.batch
+        if self.min_ess is None or micro % self.accumulation:
+            return None
+        pass_index = cycle_pass - self.first_pass
+        rows = [self.micro_batch(pass_index, micro + i) for i in range(self.accumulation)]
+        return {key: _concat([row[key] for row in rows]) for key in rows[0]}
+
+    def _decision(self, signals: dict[str, float] | None) -> str | None:
+        """``"stop"``, ``"refresh"`` or None for the measured drift (a NaN signal decides nothing)."""
+        if signals is None:
+            return None
+        if self.adaptive == "kl" and signals["kl"] > self.threshold:
+            return "stop"
+        if self.adaptive == "ess" and signals["ess"] < self.threshold:
+            return "stop"
+        if self.min_ess is not None and signals["ess"] < self.min_ess:
+            return "refresh"
+        return None
+
+    def tokens_since_last_step(self) -> int:
+        """Completion tokens sampled since the previous call (called once per optimizer step, after its first
+        micro-batch was served: the sampling cost of that step)."""
+        tokens = self.generated_tokens - self._tokens_at_step_start
+        self._tokens_at_step_start = self.generated_tokens
+        return tokens
+
+    def grad_norm_vs_fresh(self, grad_norm: float) -> float | None:
+        """For an optimizer step inside one pass over one batch: its ``grad_norm`` over that batch's fresh pass (the
+        fresh pass's norm is remembered here); None for a fresh pass, a step spanning passes or batches, or a batch
+        whose fresh pass was not seen (with ``logging_steps > 1`` it may not have been logged)."""
+        if len(set(self.step_passes)) != 1:
+            return None
+        generation, pass_index = self.step_passes[0]
+        if pass_index == 0:
+            self._fresh_grad_norm = (generation, grad_norm)
+            return None
+        if self._fresh_grad_norm and self._fresh_grad_norm[0] == generation and self._fresh_grad_norm[1]:
+            return grad_norm / self._fresh_grad_norm[1]
+        return None
+
+    def count_generated(self, tokens: int) -> None:
+        """Add completion tokens sampled (summed over processes): the sampling cost reuse saves."""
+        self.generated_tokens += int(tokens)
+
+    def discard(self) -> None:
+        """Drop the stored batch: the next micro-batch starts a new cycle (a resume from a checkpoint without a
+        buffer, as TRL's own resume does)."""
+        self.batch, self.position, self._permutation = None, 0, None
+
+    # -- storing and serving ---------------------------------------------------------------------------------------
 
     def store(self, batch: Batch, version: int, first_pass: int = 0) -> None:
         """Keep ``batch`` (this process's generation slice) sampled by the policy of optimizer step ``version``, in
-        pass ``first_pass`` of the trainer's reuse cycle (0 unless it replaces a stale batch mid-cycle)."""
+        pass ``first_pass`` of the reuse cycle (0 unless it replaces a stale batch mid-cycle)."""
         size = _batch_size(batch)
         batch = {key: _to(value, self.storage_device) for key, value in batch.items()}
         device = next((v.device for v in batch.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
@@ -318,6 +416,8 @@ class RolloutBuffer:
             "generated_tokens": self.generated_tokens,
             "refreshes": self.refreshes,
             "first_pass": self.first_pass,
+            "position": self.position,
+            "tokens_at_step_start": self._tokens_at_step_start,
             "track_first_weight": self.track_first_weight,
             "tensor_keys": sorted(tensors),
             "values": values,
@@ -375,7 +475,12 @@ class RolloutBuffer:
         self.generation_index = meta["generation_index"]
         self.generated_tokens = meta["generated_tokens"]
         self.refreshes = meta["refreshes"]
-        self.first_pass = meta.get("first_pass", 0)  # files before 0.3: batches were only stored at a cycle start
+        self.first_pass = meta.get("first_pass", 0)
+        extra = meta["extra"]
+        # where the cycle stands; files that do not say were written by trainers whose cycle was their micro-step
+        # counter (``extra["step"]``) modulo the cycle's length
+        self.position = meta.get("position", extra.get("step", 0) % self.cycle_length)
+        self._tokens_at_step_start = meta.get("tokens_at_step_start", extra.get("tokens_at_step_start", 0))
         if meta["has_batch"]:
             target = self.storage_device if self.storage_device is not None else device
             self.batch = {key: _to(value, target) for key, value in tensors.items()}
@@ -383,4 +488,4 @@ class RolloutBuffer:
         else:
             self.batch = None
         self._permutation = None
-        return meta["extra"]
+        return extra

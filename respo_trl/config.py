@@ -20,6 +20,7 @@ from .kernels import BRANCH_KINDS, CONSTANT_KEYS, RESPO_DEFAULTS, TRL_LOSS_TYPES
 from .routing_replay import config_problems
 
 TRUST_MASK_MODES = ("auto", "directional", "none")
+ADAPTIVE_SIGNALS = ("kl", "ess")  # respo_adaptive_reuse: the drift that cuts a batch's passes short (buffer.py)
 EPOCH_WEIGHT_MODES = ("auto", "first_pass", "current")
 # TRL's token-level clip defaults (GRPOConfig.epsilon; epsilon_high defaults to epsilon): the trust mask's bounds when
 # TRL's own epsilons are sequence-level (GSPO-style configs), where they mean something else entirely.
@@ -117,6 +118,18 @@ class ReSPOConfig(GRPOConfig):
             paper's ``N``, before each optimizer step inside a pass (that step's mini-batch); one extra no-grad forward
             per check. Below the floor fresh completions are sampled for the same prompts and serve the rest of the
             cycle.
+        respo_adaptive_reuse (`str`, *optional*):
+            Reuse that adapts to the learning rate: under epochs (``num_iterations = R > 1``), before each reuse pass
+            the trainer measures how far the policy has moved from the one that sampled the batch (one no-grad
+            forward over the batch) and, past ``respo_adaptive_threshold``, drops the batch's remaining passes and
+            samples a fresh batch, which may again serve up to ``R`` passes. ``"kl"``: the mean per-token
+            KL(pi_old || pi_theta) above the threshold (PPO's ``target_kl`` early stop, whose ``1.5 x target_kl`` is
+            the threshold here); ``"ess"``: the normalised ESS of the sequence weights ``W`` below it. Every
+            ``loss_type``. Unset: every batch serves ``R`` passes, as in TRL. Logged: ``reuse/kl_before_pass``,
+            ``reuse/ess_before_pass``, ``reuse/refreshes``, ``reuse/pass`` (docs/reuse.md).
+        respo_adaptive_threshold (`float`, *optional*):
+            The drift at which ``respo_adaptive_reuse`` stops a batch: a KL in nats per token (> 0) or an ESS in
+            (0, 1).
         respo_buffer_device (`str`, defaults to `"auto"`):
             ``"auto"`` keeps buffered rollouts on the training device; ``"cpu"`` parks them in host memory.
         respo_whole_groups (`bool`, defaults to `False`):
@@ -256,6 +269,19 @@ class ReSPOConfig(GRPOConfig):
             "with new completions for the same prompts."
         },
     )
+    respo_adaptive_reuse: str | None = field(
+        default=None,
+        metadata={
+            "help": "Under epochs (num_iterations > 1): stop serving a batch and sample afresh once the policy has "
+            "drifted past respo_adaptive_threshold, measured before each reuse pass: 'kl' (mean per-token KL from "
+            "the sampling policy above it, PPO's target_kl early stop) or 'ess' (ESS of the sequence weights below "
+            "it). Unset: every batch serves num_iterations passes."
+        },
+    )
+    respo_adaptive_threshold: float | None = field(
+        default=None,
+        metadata={"help": "respo_adaptive_reuse's stop: a per-token KL in nats (> 0) or an ESS in (0, 1)."},
+    )
     respo_buffer_device: str = field(
         default="auto",
         metadata={"help": "Where buffered rollouts live between passes: 'auto' (training device) or 'cpu'."},
@@ -288,6 +314,7 @@ class ReSPOConfig(GRPOConfig):
         self._reconcile_reuse()
         self.validate_respo()
         super().__post_init__()
+        self.check_adaptive_batching()  # needs TRL's resolved steps_per_generation
 
     def _apply_updates_per_rollout(self) -> None:
         n = self.respo_updates_per_rollout
@@ -356,6 +383,7 @@ class ReSPOConfig(GRPOConfig):
             isinstance(self.respo_min_ess, (int, float)) and 0.0 < self.respo_min_ess <= 1.0
         ):
             raise ValueError(f"respo_min_ess must be in (0, 1] or None, got {self.respo_min_ess!r}")
+        self._validate_adaptive()
         if self.respo_buffer_device not in ("auto", "cpu"):
             raise ValueError(f"respo_buffer_device must be 'auto' or 'cpu', got {self.respo_buffer_device!r}")
         if self.respo_routing_replay and config_problems(self):
@@ -366,7 +394,59 @@ class ReSPOConfig(GRPOConfig):
         if bound:  # the same text warns once per process (Python's default warning filter)
             warnings.warn(bound, UserWarning, stacklevel=4)
 
+    def _validate_adaptive(self) -> None:
+        """``respo_adaptive_reuse`` and its threshold: one line naming what to change."""
+        signal, threshold = self.respo_adaptive_reuse, self.respo_adaptive_threshold
+        if signal is None:
+            if threshold is not None:
+                raise ValueError(
+                    f"respo_adaptive_threshold={threshold!r} needs respo_adaptive_reuse ('kl' or 'ess'): set it, or "
+                    "unset the threshold"
+                )
+            return
+        if signal not in ADAPTIVE_SIGNALS:
+            raise ValueError(f"respo_adaptive_reuse must be one of {ADAPTIVE_SIGNALS} or unset, got {signal!r}")
+        if self.num_iterations == 1:
+            raise ValueError(
+                f"respo_adaptive_reuse={signal!r} cuts a batch's epochs short, but num_iterations=1 uses each sample "
+                "once: set num_iterations > 1 (e.g. 4), or unset respo_adaptive_reuse"
+            )
+        if self.respo_min_ess is not None:
+            raise ValueError(
+                f"respo_adaptive_reuse={signal!r} and respo_min_ess={self.respo_min_ess} both resample stale "
+                "batches: keep one of them"
+            )
+        if threshold is None:
+            raise ValueError(
+                f"respo_adaptive_reuse={signal!r} needs respo_adaptive_threshold (a per-token KL > 0 for 'kl', an "
+                "ESS in (0, 1) for 'ess')"
+            )
+        ok = isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and math.isfinite(threshold)
+        ok = ok and (threshold > 0 if signal == "kl" else 0 < threshold < 1)
+        if not ok:
+            domain = "a per-token KL > 0 (e.g. 1e-3)" if signal == "kl" else "an ESS in (0, 1) (e.g. 0.95)"
+            raise ValueError(f"respo_adaptive_threshold for respo_adaptive_reuse={signal!r} must be {domain}, got {threshold!r}")
+
+    def check_adaptive_batching(self) -> None:
+        """Once the batch fields are resolved: adaptive reuse is for epochs over rollout batches used within one
+        optimizer step per pass; under the paper's staleness ``N`` (several optimizer steps per pass) it is refused."""
+        if self.respo_adaptive_reuse is None or self.steps_per_generation is None:
+            return
+        if self.steps_per_generation > self.gradient_accumulation_steps:
+            updates = self.steps_per_generation // self.gradient_accumulation_steps
+            raise ValueError(
+                f"respo_adaptive_reuse={self.respo_adaptive_reuse!r} was measured for epochs only, but this config "
+                f"also reuses by staleness (steps_per_generation={self.steps_per_generation} = {updates} optimizer "
+                "steps per pass): set respo_updates_per_rollout=1 (steps_per_generation = "
+                "gradient_accumulation_steps), or unset respo_adaptive_reuse (respo_min_ess refreshes under staleness)"
+            )
+
     # -- resolved settings (what the trainer uses) --------------------------------------------------------------------
+
+    @property
+    def respo_adaptive_threshold_active(self) -> float | None:
+        """The stop threshold of ``respo_adaptive_reuse`` (None when reuse is fixed)."""
+        return None if self.respo_adaptive_reuse is None else float(self.respo_adaptive_threshold)
 
     @property
     def respo_trust_mask_active(self) -> bool:
@@ -426,6 +506,7 @@ class ReSPOConfig(GRPOConfig):
         upgraded.respo_reuse = None  # epochs have one name: num_iterations
         upgraded.__dict__.update(overrides)
         upgraded.validate_respo()
+        upgraded.check_adaptive_batching()
         return upgraded
 
 

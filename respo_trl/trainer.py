@@ -27,18 +27,8 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, split_pixel_values_by_grid, unsplit_pixel_values_by_grid
 
-from .batching import micro_steps_per_cycle
-from .buffer import (
-    FIRST_LOG_W_KEY,
-    ROW_KEY,
-    VERSION_KEY,
-    RolloutBuffer,
-    check_contiguous_groups,
-    checkpoint_status,
-    finished_at,
-    has_buffer_files,
-    last_complete_checkpoint,
-)
+from .buffer import FIRST_LOG_W_KEY, ROW_KEY, VERSION_KEY, RolloutBuffer, check_contiguous_groups, has_buffer_files
+from .checkpoints import checkpoint_status, finished_at, last_complete_checkpoint
 from .config import ReSPOConfig, describe_kernel, respo_notes
 from .diagnostics import (
     COLUMNS,
@@ -71,16 +61,6 @@ from .trl_loss import (
 )
 
 logger = get_logger(__name__)
-
-
-def _concat(values: list):
-    """Rows of several micro-batches as one: tensors along dim 0, lists joined, shared scalars kept."""
-    first = values[0]
-    if isinstance(first, torch.Tensor) and first.ndim > 0:
-        return torch.cat(values)
-    if isinstance(first, list):
-        return [item for value in values for item in value]
-    return first
 
 
 def drop_nonfinite(inputs: dict) -> tuple[dict, torch.Tensor]:
@@ -168,9 +148,7 @@ class ReSPOTrainer(GRPOTrainer):
                 logger.warning(line, main_process_only=True)
         self.loss_params = LossParams.from_config(args)
         self._loss_name = registered_loss_for(self.loss_type)
-        # micro-steps one rollout batch serves (N x accumulation per pass, R passes): the batch plan's arithmetic
-        self._cycle_micro_steps = micro_steps_per_cycle(args.steps_per_generation, self.num_iterations)
-        self.rollouts = RolloutBuffer(
+        self.rollouts = RolloutBuffer(  # the reuse schedule (passes, refreshes, adaptive stops) and its rollouts
             reuse=args.num_iterations,
             steps_per_generation=args.steps_per_generation,
             reshuffle=args.respo_reshuffle_active,
@@ -179,10 +157,11 @@ class ReSPOTrainer(GRPOTrainer):
             num_processes=self.accelerator.num_processes,
             group_size=args.num_generations if args.respo_whole_groups else None,
             track_first_weight=args.respo_first_pass_weight,
+            accumulation=args.gradient_accumulation_steps,
+            min_ess=args.respo_min_ess,
+            adaptive=args.respo_adaptive_reuse,
+            threshold=args.respo_adaptive_threshold_active,
         )
-        self._tokens_at_step_start = 0
-        self._step_passes: list[tuple[int, int]] = []  # (generation index, pass) of each micro-batch of this step
-        self._fresh_grad_norm = (None, None)  # (generation index, grad_norm of its fresh pass)
         self._sampler_gap_warned = False  # the sampler-gap alarm fires once per run
         if args.respo_routing_replay:  # MoE Routing Replay (R3): respo_trl/routing_replay.py
             self.routing_replay = attach_routing_replay(self)
@@ -192,49 +171,26 @@ class ReSPOTrainer(GRPOTrainer):
     def _prepare_inputs(self, generation_batch):
         if not self.model.training:
             return super()._prepare_inputs(generation_batch)  # evaluation: TRL's path, no buffering
-        per_pass = self.args.steps_per_generation
-        cycle_pass, micro_index = divmod(self._step % self._cycle_micro_steps, per_pass)
-        if cycle_pass == 0 and micro_index == 0:
-            self._fill_buffer(generation_batch)
-        elif self.rollouts.is_empty:  # mid-cycle with nothing stored: resampling here would silently change the run
-            raise RuntimeError(
-                f"No buffered rollouts to reuse at micro-step {self._step} (pass {cycle_pass + 1} of "
-                f"{self.num_iterations}); resume from a checkpoint that holds its rollout buffer."
-            )
-        elif self.args.respo_min_ess is not None and self._refresh_due(cycle_pass, micro_index):
-            # same prompts (the sampler repeats them for the whole cycle); the fresh batch serves the rest of it
-            self._fill_buffer(generation_batch, first_pass=cycle_pass)
-            self.rollouts.refreshes += 1
-        pass_index = cycle_pass - self.rollouts.first_pass  # the stored batch's own pass over its rollouts
-        if self._step % self.current_gradient_accumulation_steps == 0:
-            self._step_passes = []
-        self._step_passes.append((self.rollouts.generation_index, pass_index))
-        inputs = self.rollouts.micro_batch(pass_index, micro_index, device=self.accelerator.device)
-        return unsplit_pixel_values_by_grid(inputs)
+        served = self.rollouts.next_micro_batch(
+            self.state.global_step,
+            sample=lambda: self._sample(generation_batch),  # the sampler repeats the cycle's prompts until it ends
+            measure=self._drift,
+            device=self.accelerator.device,
+            new_step=self._step % self.current_gradient_accumulation_steps == 0,
+        )
+        if served.signals is not None:
+            self._metrics["train"]["reuse/ess_before_pass"].append(served.signals["ess"])
+            self._metrics["train"]["reuse/kl_before_pass"].append(served.signals["kl"])
+        return unsplit_pixel_values_by_grid(served.batch)
 
-    def _refresh_due(self, cycle_pass: int, micro_index: int) -> bool:
-        """The ESS floor, where reuse makes rollouts stale: before each reuse pass over the batch (epochs ``R``: the
-        whole buffered batch is measured) and, under the paper's ``N``, before each optimizer step inside a pass
-        (the micro-batches of that step are measured). Below the floor the batch is resampled for the same prompts
-        and the fresh batch serves the rest of the cycle (under ``N``, mini-batches ``k..N-1`` of it: a refresh at
-        mini-batch ``k`` costs a whole rollout batch, ``reuse/generated_tokens`` counts it)."""
-        accumulation = self.args.gradient_accumulation_steps
-        if micro_index == 0:
-            return self._below_ess_floor()
-        if micro_index % accumulation:
-            return False  # inside one optimizer step: its micro-batches stand or fall together
-        pass_index = cycle_pass - self.rollouts.first_pass
-        rows = [self.rollouts.micro_batch(pass_index, micro_index + i) for i in range(accumulation)]
-        batch = {key: _concat([row[key] for row in rows]) for key in rows[0]}
-        return self._below_ess_floor(batch)
-
-    def _fill_buffer(self, generation_batch, first_pass: int = 0) -> None:
+    def _sample(self, generation_batch) -> dict:
+        """A fresh generation batch for the buffer: TRL's generation and scoring, in TRL's row order or whole groups."""
         batch = split_pixel_values_by_grid(self._generate_and_score_completions(generation_batch))
         if self.rollouts.group_size is None:
             batch = shuffle_sequence_dict(batch)  # first-pass composition, as TRL does
         else:  # whole groups: the buffer shuffles groups (seeded), so the rows must still sit in TRL's group order
             check_contiguous_groups(batch, self.rollouts.group_size)
-        self.rollouts.store(batch, version=self.state.global_step, first_pass=first_pass)
+        return batch
 
     def _routes(self, inputs: dict):
         """Context in which log-prob forwards replay the routes stored in ``inputs`` (no-op without Routing Replay)."""
@@ -254,7 +210,7 @@ class ReSPOTrainer(GRPOTrainer):
             else:
                 local = sum(len(ids) for ids in completion_ids)
             total = self.accelerator.reduce(torch.tensor(float(local), device=self.accelerator.device), "sum")
-            self.rollouts.generated_tokens += int(total.item())
+            self.rollouts.count_generated(int(total.item()))
         return output
 
     def _generate_and_score_completions(self, inputs):
@@ -302,14 +258,16 @@ class ReSPOTrainer(GRPOTrainer):
         return logps, entropies, aux_loss
 
     @torch.no_grad()
-    def _below_ess_floor(self, batch=None) -> bool:
-        """Normalised Kish ESS of the raw sequence weights ``W`` (sampler correction included) of ``batch`` (default:
-        the whole buffered batch) under the current policy, over all processes, against ``respo_min_ess``."""
-        batch = unsplit_pixel_values_by_grid(dict(self.rollouts.batch if batch is None else batch))
+    def _drift(self, batch) -> dict[str, float] | None:
+        """How far the current policy has moved from the one that sampled ``batch``, over all processes: the
+        normalised Kish ESS of the raw sequence weights ``W`` (sampler correction included) and the mean per-token
+        KL(pi_old || pi_theta) (k3 estimator, sampler correction excluded, as ``offpolicy/kl``). One no-grad forward;
+        None without stored old log-probabilities (nothing is stale)."""
+        batch = unsplit_pixel_values_by_grid(dict(batch))
         batch = {k: v.to(self.accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
         old = batch.get("old_per_token_logps")
         if old is None:
-            return False
+            return None
         completion_ids = batch["completion_ids"]
         with self._routes(batch):  # MoE Routing Replay: the buffered rows' recorded routes
             logps, _, _ = self._get_per_token_logps_and_entropies(
@@ -324,10 +282,12 @@ class ReSPOTrainer(GRPOTrainer):
         log_c, kept = fold_sampler_ratio(self._sampler_ratio(batch), mask)
         log_w = sequence_log_weight(logps - old, kept, log_c)
         valid = kept.any(-1) & torch.isfinite(log_w)
-        gathered = self.accelerator.gather(torch.stack([log_w, valid.float()], dim=-1))
+        rho = torch.where(kept, (logps - old).float(), 0.0)
+        kl = torch.where(kept, torch.expm1(rho) - rho, 0.0).sum(-1)  # k3 per sequence, summed over its kept tokens
+        rows = torch.stack([log_w, valid.float(), kl, kept.float().sum(-1)], dim=-1)
+        gathered = self.accelerator.gather(rows)
         ess = kish_ess(gathered[:, 0][gathered[:, 1] > 0]).item()
-        self._metrics["train"]["reuse/ess_before_pass"].append(ess)
-        return ess < self.args.respo_min_ess
+        return {"ess": ess, "kl": (gathered[:, 2].sum() / gathered[:, 3].sum().clamp(min=1.0)).item()}
 
     def _sampler_ratio(self, inputs):
         """TRL's vLLM importance-sampling ratio when the correction is on (it then enters every loss), else None."""
@@ -474,9 +434,7 @@ class ReSPOTrainer(GRPOTrainer):
             staleness = self.accelerator.gather((self.state.global_step - inputs[VERSION_KEY]).float())
         metrics = {"reuse/staleness_mean": staleness.mean().item(), "reuse/staleness_max": staleness.max().item()}
         if self._step % self.current_gradient_accumulation_steps == 0:  # first micro-batch of an optimizer step
-            generated = self.rollouts.generated_tokens
-            metrics["reuse/generated_tokens_per_step"] = float(generated - self._tokens_at_step_start)
-            self._tokens_at_step_start = generated
+            metrics["reuse/generated_tokens_per_step"] = float(self.rollouts.tokens_since_last_step())
         metrics["reuse/generated_tokens"] = float(self.rollouts.generated_tokens)
         metrics["reuse/refreshes"] = float(self.rollouts.refreshes)
         for key, value in metrics.items():
@@ -489,16 +447,12 @@ class ReSPOTrainer(GRPOTrainer):
         # Log which pass over its batch the last optimizer step was (the mean when one step spans several passes, as
         # with steps_per_generation < gradient_accumulation_steps) and, for a step inside one reuse pass, its
         # grad_norm relative to that same batch's fresh pass.
-        if "grad_norm" in logs and self.model.training and self._step_passes:
-            passes = self._step_passes
+        passes = self.rollouts.step_passes
+        if "grad_norm" in logs and self.model.training and passes:
             logs["reuse/pass"] = sum(p + 1 for _, p in passes) / len(passes)
-            if len(set(passes)) == 1:
-                generation, pass_index = passes[0]
-                if pass_index == 0:
-                    self._fresh_grad_norm = (generation, logs["grad_norm"])
-                elif self._fresh_grad_norm[0] == generation and self._fresh_grad_norm[1]:
-                    # only against this batch's own fresh pass (with logging_steps > 1 it may not have been logged)
-                    logs["reuse/grad_norm_vs_fresh"] = logs["grad_norm"] / self._fresh_grad_norm[1]
+            ratio = self.rollouts.grad_norm_vs_fresh(logs["grad_norm"])
+            if ratio is not None:
+                logs["reuse/grad_norm_vs_fresh"] = ratio
         super().log(logs, start_time)
 
     def _pool_low_weight_metrics(self) -> None:
@@ -546,12 +500,11 @@ class ReSPOTrainer(GRPOTrainer):
         # The buffer goes in first so that a checkpoint pushed to the Hub by super() carries it too; super() writes
         # trainer_state.json last, which is what marks a checkpoint complete (buffer.checkpoint_status).
         checkpoint_dir = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        passes_left = self._step % self._cycle_micro_steps != 0
         self.rollouts.save(
             checkpoint_dir,
             self.accelerator.process_index,
-            extra={"step": self._step, "tokens_at_step_start": self._tokens_at_step_start},
-            include_batch=passes_left,  # a fully used batch is never served again: keep the checkpoint small
+            extra={"step": self._step},  # TRL's micro-step counter, which transformers does not checkpoint
+            include_batch=self.rollouts.position != 0,  # a fully used batch is never served again: keep it small
         )
         super()._save_checkpoint(model, trial)
 
@@ -562,14 +515,12 @@ class ReSPOTrainer(GRPOTrainer):
         if not has_buffer_files(checkpoint):
             self._resume_without_buffer(checkpoint)
             return
-        extra = self.rollouts.load(checkpoint, self.accelerator.process_index, device=self.accelerator.device)
-        self._step = extra["step"]
-        self._tokens_at_step_start = extra["tokens_at_step_start"]
+        self._step = self.rollouts.load(checkpoint, self.accelerator.process_index, device=self.accelerator.device)["step"]
 
     def _resume_without_buffer(self, checkpoint) -> None:
         """A checkpoint written by plain ``GRPOTrainer`` (no rollout buffer): start a new generation cycle, as TRL's own
         resume does, and say whether anything of the interrupted batch is lost."""
-        cycle = self._cycle_micro_steps
+        cycle = self.rollouts.cycle_length
         micro_steps = self.state.global_step * self.args.gradient_accumulation_steps
         if micro_steps % cycle == 0:
             logger.info(f"{checkpoint} has no rollout buffer; it ends a generation cycle, so nothing is lost.")
@@ -581,7 +532,7 @@ class ReSPOTrainer(GRPOTrainer):
                 "does. The sampled-token counter restarts at 0."
             )
         self._step = 0
-        self.rollouts.batch = None
+        self.rollouts.discard()
 
     # -- model card ------------------------------------------------------------------------------------------------
 

@@ -88,3 +88,18 @@ def make_trainer(tokenizer, toy_dataset, tmp_path):
         )
 
     return build
+
+
+def params_of(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+class StopAt(__import__("transformers").TrainerCallback):
+    """Simulates a crash right after a checkpoint."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True

@@ -17,8 +17,8 @@ def test_ess_floor_uses_raw_weights_with_the_sampler_correction(tokenizer, toy_d
     checks = []
 
     class Checked(ReSPOTrainer):
-        def _below_ess_floor(self):
-            batch = {k: v for k, v in self.rollouts.batch.items()}
+        def _drift(self, batch):
+            assert batch is self.rollouts.batch  # before a reuse pass: the whole stored batch
             with torch.no_grad():
                 logps, _, _ = self._get_per_token_logps_and_entropies(
                     self.model,
@@ -30,9 +30,9 @@ def test_ess_floor_uses_raw_weights_with_the_sampler_correction(tokenizer, toy_d
             log_c, kept = fold_sampler_ratio(batch["importance_sampling_ratio"], mask)
             with_sampler = kish_ess(sequence_log_weight(logps - batch["old_per_token_logps"], kept, log_c)).item()
             without = kish_ess(sequence_log_weight(logps - batch["old_per_token_logps"], mask)).item()
-            below = super()._below_ess_floor()
-            checks.append((self._metrics["train"]["reuse/ess_before_pass"][-1], with_sampler, without, below))
-            return below
+            signals = super()._drift(batch)
+            checks.append((signals["ess"], with_sampler, without))
+            return signals
 
     args = ReSPOConfig(**{**CPU_ARGS, "output_dir": str(tmp_path), "max_steps": 2, "num_iterations": 2,
                           "use_vllm": True, "vllm_mode": "colocate", "vllm_importance_sampling_mode": "token_truncate",
@@ -41,11 +41,12 @@ def test_ess_floor_uses_raw_weights_with_the_sampler_correction(tokenizer, toy_d
         trainer = Checked(model=tiny_qwen3(tokenizer), reward_funcs=crc_reward, args=args, train_dataset=toy_dataset,
                           processing_class=tokenizer)  # fmt: skip
         trainer.train()
-    (logged, with_sampler, without, below), = checks  # one reuse pass in 2 steps at R = 2
-    assert logged == pytest.approx(with_sampler, rel=1e-5)
+    (measured, with_sampler, without), = checks  # one reuse pass in 2 steps at R = 2
+    assert measured == pytest.approx(with_sampler, rel=1e-5)
     assert abs(with_sampler - without) > 1e-3  # the sampler ratio matters here, so dropping it would be caught
-    assert below == (with_sampler < 0.999) and below  # drifted after one step at lr 1e-2: refreshed
-    assert trainer.rollouts.refreshes == 1
+    assert with_sampler < 0.999 and trainer.rollouts.refreshes == 1  # drifted after one step at lr 1e-2: refreshed
+    logged = [h["reuse/ess_before_pass"] for h in trainer.state.log_history if "reuse/ess_before_pass" in h]
+    assert logged == [pytest.approx(measured, rel=1e-5)]
 
 
 def test_ess_floor_works_under_the_papers_n(make_trainer):
@@ -92,9 +93,9 @@ def test_under_accumulation_the_floor_is_checked_once_per_optimizer_step_on_its_
     seen = []
 
     class Watched(ReSPOTrainer):
-        def _below_ess_floor(self, batch=None):
-            seen.append((self._step, None if batch is None else {k: batch[k].clone() for k in ("prompt_ids", "advantages")}))
-            return super()._below_ess_floor(batch)
+        def _drift(self, batch):
+            seen.append((self._step, {k: batch[k].clone() for k in ("prompt_ids", "advantages")}))
+            return super()._drift(batch)
 
     trainer = make_trainer(trainer_cls=Watched, respo_updates_per_rollout=2, gradient_accumulation_steps=2,
                            per_device_train_batch_size=4, max_steps=2, respo_min_ess=1e-6)  # fmt: skip
@@ -114,12 +115,12 @@ def test_after_a_refresh_the_floor_measures_the_fresh_batchs_own_pass(make_train
     checks = []
 
     class Watched(ReSPOTrainer):
-        def _below_ess_floor(self, batch=None):
-            if batch is not None:
+        def _drift(self, batch):
+            if batch is not self.rollouts.batch:  # a check inside a pass (the whole batch is checked between passes)
                 cycle_pass, micro = divmod(self._step % 4, 2)
                 served = self.rollouts.micro_batch(cycle_pass - self.rollouts.first_pass, micro)
                 checks.append((self._step, torch.equal(batch["prompt_ids"], served["prompt_ids"])))
-            return super()._below_ess_floor(batch)
+            return super()._drift(batch)
 
     trainer = make_trainer(trainer_cls=Watched, respo_updates_per_rollout=2, num_iterations=2, max_steps=4,
                            respo_min_ess=1.0, learning_rate=5e-2)  # fmt: skip

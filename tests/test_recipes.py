@@ -609,6 +609,20 @@ def test_tiny_default_runs_end_to_end_and_resumes_with_its_rollout_buffer(recipe
     assert [h["reuse/staleness_max"] for h in history if "reuse/staleness_max" in h][-2:] == [0, 1]
 
 
+def test_a_token_budget_stops_where_a_batch_ends_and_the_curve_follows_tokens(recipe, tmp_path):
+    """``--max_generated_tokens``: the run stops at the first cycle end past the budget (under R = 2 an even step;
+    the batch before the last had not reached it), and ``--heldout_eval_tokens`` puts one point in each interval."""
+    report = run_recipe(recipe, tmp_path, "--num_iterations", "2", "--max_steps", "100", "--heldout_eval_steps", "0",
+                        "--heldout_eval_tokens", "150", "--max_generated_tokens", "400", "--save_strategy", "no")  # fmt: skip
+    training, curve = report["training"], report["curve"]
+    assert training["global_step"] % 2 == 0 and training["global_step"] < 100
+    assert training["generated_tokens"] >= 400
+    per_batch = training["generated_tokens"] / (training["global_step"] // 2)
+    assert training["generated_tokens"] - per_batch < 400  # not a cycle later than needed (batches vary a little)
+    inner = [p["generated_tokens"] // 150 for p in curve[1:-1]]  # between the start and the final measurement
+    assert inner and inner == sorted(set(inner)) and all(k >= 1 for k in inner)
+
+
 def test_an_output_dir_that_is_a_file_fails_before_the_warm_start(recipe, tmp_path):
     blocker = tmp_path / "taken"
     blocker.write_text("not a directory")
@@ -727,6 +741,9 @@ def test_two_process_deepspeed_on_cpu(tmp_path, config):
         (["--resume_from_checkpoint", "true", "--max_steps", "3"], "at step 3, already at or past max_steps 3"),
         (["--seed"], "argument --seed: expected one argument; see --help"),  # argparse's own: no 270-line usage
         (["--seed", "x"], "argument --seed: invalid int value: 'x'; see --help"),
+        (["--heldout_eval_tokens", "1000"], "heldout_eval_steps and heldout_eval_tokens both schedule"),
+        (["--max_generated_tokens", "0"], "max_generated_tokens must be a positive number of tokens or unset"),
+        (["--respo_adaptive_reuse", "kl"], "respo_adaptive_reuse='kl' needs respo_adaptive_threshold"),
     ],
 )
 def test_bad_input_ends_in_one_line_and_exit_status_2(recipe, tmp_path, capsys, argv, message):

@@ -5,6 +5,7 @@ import os
 
 import pytest
 import torch
+from conftest import StopAt, params_of
 
 from respo_trl.buffer import VERSION_KEY, RolloutBuffer, buffer_files, check_contiguous_groups
 
@@ -224,21 +225,6 @@ def test_cpu_buffer_device_trains(make_trainer):
 # -- through the trainer ----------------------------------------------------------------------------------------------
 
 
-def params_of(model):
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
-class StopAt(__import__("transformers").TrainerCallback):
-    """Simulates a crash right after a checkpoint."""
-
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_training_stop = True
-
-
 RESUME_SETUPS = {
     # R=2 passes of 2 mini-batches each (a generation every 4 steps): the resume lands inside a reshuffled pass
     "epochs": (dict(num_iterations=2, steps_per_generation=2), [3, 0, 1]),
@@ -290,10 +276,10 @@ def test_resume_with_a_partial_buffer_is_an_error_not_a_resample(make_trainer, t
     resumed = make_trainer(num_iterations=4, max_steps=4, output_dir=str(tmp_path / "run"))
     with pytest.raises(ValueError, match=r"rollout buffer files of rank\(s\) \[0\] are missing"):
         resumed.train(resume_from_checkpoint=str(checkpoint))
-    resumed.rollouts.batch = None  # what a resume that skipped the buffer would leave: serving must refuse
-    resumed._step = 2
+    resumed.rollouts.position = 2  # what a resume that skipped the buffer would leave: serving must refuse
+    resumed.current_gradient_accumulation_steps = 1
     resumed.model.train()
-    with pytest.raises(RuntimeError, match=r"No buffered rollouts to reuse at micro-step 2 \(pass 3 of 4\)"):
+    with pytest.raises(RuntimeError, match=r"No buffered rollouts to reuse at micro-batch 0 of pass 3 of 4"):
         resumed._prepare_inputs([])
 
 
@@ -523,7 +509,7 @@ def test_checkpoint_format_is_pinned_and_unknown_versions_are_refused(tmp_path):
 
 
 def test_no_checkpoint_folder_at_all(make_trainer, tmp_path):
-    from respo_trl.buffer import last_complete_checkpoint
+    from respo_trl.checkpoints import last_complete_checkpoint
 
     assert last_complete_checkpoint(str(tmp_path / "missing"), 1) == (None, [])
     trainer = make_trainer(output_dir=str(tmp_path / "never-written"), max_steps=1)

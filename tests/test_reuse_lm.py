@@ -9,14 +9,26 @@ import pytest
 from conftest import ROOT
 
 from benchmarks import reuse_lm as bench
+from benchmarks.common import compact_history, history_rows, load_runs, tokens_to_reach
 
 
 def test_tokens_to_reach_interpolates_and_says_never():
     curve = [(0, 0.2), (100, 0.6), (200, 0.9)]
-    assert bench.tokens_to_reach(curve, 0.2) == 0
-    assert bench.tokens_to_reach(curve, 0.4) == pytest.approx(50)
-    assert bench.tokens_to_reach(curve, 0.75) == pytest.approx(150)
-    assert bench.tokens_to_reach(curve, 0.95) is None
+    assert tokens_to_reach(curve, 0.2) == 0
+    assert tokens_to_reach(curve, 0.4) == pytest.approx(50)
+    assert tokens_to_reach(curve, 0.75) == pytest.approx(150)
+    assert tokens_to_reach(curve, 0.95) is None
+
+
+def test_a_compact_history_reads_back_as_the_logged_rows_to_six_digits(tmp_path):
+    history = [{"step": 1, "loss": 0.123456789, "reward": 0.5}, {"step": 2, "loss": -1.0e-7 / 3, "grad_norm": 2.0}]
+    columns = compact_history(history, ("loss", "reward", "grad_norm", "never_logged"))
+    assert columns == {"step": [1, 2], "loss": [0.123457, -3.33333e-08], "reward": [0.5, None],
+                       "grad_norm": [None, 2.0]}  # fmt: skip
+    rows = history_rows(columns)
+    assert rows == [{"step": 1, "loss": 0.123457, "reward": 0.5}, {"step": 2, "loss": -3.33333e-08, "grad_norm": 2.0}]
+    (tmp_path / "run.json").write_text(json.dumps({"name": "run", "history": columns}))
+    assert load_runs(tmp_path)["run"]["history"] == rows  # readers see rows whichever way the record was written
 
 
 def run(seed, loss, setting, after, pos, curve, model="dense", low=(0.25, 0.5)):

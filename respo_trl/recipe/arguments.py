@@ -242,6 +242,21 @@ class RecipeArguments:
             "plot (0 = before and after only). Sampled mode: use --eval_strategy steps --eval_steps N instead."
         },
     )
+    heldout_eval_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Greedy mode: a held-out point each time the completion tokens sampled pass another multiple of "
+            "this, instead of every heldout_eval_steps steps (curves of reuse settings at equal sampling cost)."
+        },
+    )
+    max_generated_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Stop training once this many completion tokens were sampled (summed over processes), at the "
+            "first step after which the next micro-batch would sample a new rollout batch, so no batch is cut short "
+            "by the budget; max_steps still caps the run. Compares reuse settings at an equal sampling budget."
+        },
+    )
     heldout_curve_size: int | None = field(
         default=None, metadata={"help": "Held-out problems used for the in-training points (None = all)."}
     )

@@ -58,8 +58,15 @@ def validate_args(
             f"held-out accuracy (eval_mode={script_args.eval_mode!r}) is graded by an accuracy reward: add one of "
             f"{ACCURACY_REWARDS} to --reward_funcs, or pass --eval_mode none"
         )
-    if script_args.heldout_eval_steps and script_args.eval_mode != "greedy":
-        raise ValueError("heldout_eval_steps needs eval_mode='greedy'; with 'sampled' use --eval_strategy steps")
+    for name in ("heldout_eval_steps", "heldout_eval_tokens"):
+        if getattr(script_args, name) and script_args.eval_mode != "greedy":
+            raise ValueError(f"{name} needs eval_mode='greedy'; with 'sampled' use --eval_strategy steps")
+    if script_args.heldout_eval_steps and script_args.heldout_eval_tokens:
+        raise ValueError("heldout_eval_steps and heldout_eval_tokens both schedule the held-out points: set one")
+    for name in ("heldout_eval_tokens", "max_generated_tokens"):
+        value = getattr(script_args, name)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive number of tokens or unset, got {value!r}")
     paper = script_args.prompts_per_update is not None
     if num_processes is None:
         num_processes = training_args.world_size if paper else script_args.expected_num_processes or training_args.world_size
@@ -85,7 +92,7 @@ def check_model_path(name: str) -> None:
 def check_resume(resume, output_dir: str, num_processes: int, max_steps: int = -1) -> None:
     """``--resume_from_checkpoint`` names something to resume from: ``true`` needs a complete checkpoint in
     ``output_dir``, a path must be a complete checkpoint folder short of ``max_steps`` (the trainer's own rules)."""
-    from ..buffer import checkpoint_status, finished_at, last_complete_checkpoint
+    from ..checkpoints import checkpoint_status, finished_at, last_complete_checkpoint
 
     if resume in (None, False, "") or (isinstance(resume, str) and resume.lower() in ("false", "none")):
         return

@@ -14,7 +14,7 @@ import shutil
 import sys
 from contextlib import contextmanager
 
-from ..buffer import last_complete_checkpoint
+from ..checkpoints import last_complete_checkpoint
 from .arguments import RecipeError
 
 EXIT_BAD_INPUT = 2

@@ -81,6 +81,7 @@ class HeldoutEvaluator:
         if heldout is not None and script_args.heldout_curve_size:
             self.curve_set = heldout.select(range(min(script_args.heldout_curve_size, len(heldout))))
         self.every = script_args.heldout_eval_steps if self.mode == "greedy" else 0
+        self.every_tokens = (script_args.heldout_eval_tokens or 0) if self.mode == "greedy" else 0
         self.keep_best = script_args.keep_best_heldout
         self.best_dir = os.path.join(training_args.output_dir, BEST_HELDOUT_DIR)
         self.best = {"step": None, "accuracy": -1.0}
@@ -169,10 +170,11 @@ def best_checkpoint_accuracy(trainer, best: dict, best_dir: str, final_dir: str,
     }
 
 
-def make_callbacks(report, heldout: HeldoutEvaluator, save_at_steps=()):
-    """A compact progress bar; when ``heldout.every`` > 0, a held-out accuracy point every that many steps, recorded in
-    the run's report (:class:`~respo_trl.recipe.report.RunReport`) as it is measured; a checkpoint after each of
-    ``save_at_steps`` besides the save strategy's."""
+def make_callbacks(report, heldout: HeldoutEvaluator, save_at_steps=(), max_generated_tokens=None):
+    """A compact progress bar; when ``heldout.every`` > 0 (steps) or ``heldout.every_tokens`` > 0 (sampled tokens), a
+    held-out accuracy point at that interval, recorded in the run's report
+    (:class:`~respo_trl.recipe.report.RunReport`) as it is measured; a checkpoint after each of ``save_at_steps``
+    besides the save strategy's; with ``max_generated_tokens``, the stop at that sampling budget."""
     from tqdm.auto import tqdm
     from transformers import TrainerCallback
 
@@ -205,12 +207,27 @@ def make_callbacks(report, heldout: HeldoutEvaluator, save_at_steps=()):
             if self.bar is not None:
                 self.bar.close()
 
-    class HeldoutCurve(TrainerCallback):
-        """Held-out accuracy every ``every`` optimizer steps, against generated tokens (all processes take part)."""
+    class TokenBudget(TrainerCallback):
+        """Stop once ``max_generated_tokens`` were sampled, where the next micro-batch would sample a new batch."""
 
         def on_step_end(self, args, state, control, **kwargs):
-            every = heldout.every
-            if every and state.global_step % every == 0 and state.global_step < state.max_steps:
+            rollouts = heldout.trainer.rollouts
+            if rollouts.generated_tokens >= max_generated_tokens and rollouts.samples_next:
+                control.should_training_stop = True
+
+    class HeldoutCurve(TrainerCallback):
+        """Held-out accuracy every ``every`` optimizer steps or ``every_tokens`` sampled tokens, against generated
+        tokens (all processes take part); none at the run's last step, which the final measurement covers."""
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step >= state.max_steps or control.should_training_stop:
+                return
+            if heldout.every_tokens:
+                last = report.curve[-1]["generated_tokens"] if report.curve else 0
+                due = heldout.trainer.rollouts.generated_tokens // heldout.every_tokens > last // heldout.every_tokens
+            else:
+                due = bool(heldout.every) and state.global_step % heldout.every == 0
+            if due:
                 report.add_point(*heldout.curve_point(state.global_step))
 
     class SaveAt(TrainerCallback):
@@ -220,7 +237,8 @@ def make_callbacks(report, heldout: HeldoutEvaluator, save_at_steps=()):
             if state.global_step in save_at_steps:
                 control.should_save = True
 
-    return [CompactProgress(), HeldoutCurve(), *([SaveAt()] if save_at_steps else [])]
+    budget = [TokenBudget()] if max_generated_tokens else []  # before the curve: no point where the run stops
+    return [CompactProgress(), *budget, HeldoutCurve(), *([SaveAt()] if save_at_steps else [])]
 
 
 def print_summary(report: dict) -> None:

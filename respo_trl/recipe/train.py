@@ -73,7 +73,7 @@ def main(script_args: RecipeArguments, training_args, model_args) -> dict:
         report.resume_curve(resume)
     if script_args.compact_progress and not training_args.disable_tqdm:
         trainer.remove_callback(ProgressCallback)
-    for callback in make_callbacks(report, evaluator, set(script_args.save_at_steps)):
+    for callback in make_callbacks(report, evaluator, set(script_args.save_at_steps), script_args.max_generated_tokens):
         trainer.add_callback(callback)
 
     # -- 4. held-out accuracy before RL (a resumed run kept the first run's), RL, held-out accuracy after ------------
