@@ -70,7 +70,7 @@ TRACE_KEYS = (
     "reuse/generated_tokens", "reuse/staleness_mean", "offpolicy/kl", "step_time", "learning_rate",
     "starvation/grad_throughput/pos", "starvation/grad_throughput/neg", "completions/mean_length",
 )  # fmt: skip
-SMOKE = {"budget": 1_500, "tuning_seeds": (1,), "eval_seeds": (1, 2), "candidates": (("kl", 1e-3),),
+SMOKE = {"budget": 600, "tuning_seeds": (1,), "eval_seeds": (1, 2), "candidates": (("kl", 1e-3),),
          "args": ["--warmstart_steps", "4", "--train_size", "64", "--heldout_size", "8", "--heldout_curve_size", "4",
                   "--tiny_hidden_size", "32", "--tiny_num_layers", "1", "--tiny_intermediate_size", "64",
                   "--per_device_train_batch_size", "8", "--num_generations", "4", "--max_completion_length", "12"]}  # fmt: skip

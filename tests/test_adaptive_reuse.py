@@ -127,3 +127,96 @@ def test_bad_adaptive_settings_are_refused_in_one_line(tmp_path, fields, message
     with pytest.raises(ValueError, match=message) as error:
         ReSPOConfig(**{**CPU_ARGS, "output_dir": str(tmp_path), "learning_rate": 3e-5, **fields})
     assert "\n" not in str(error.value)
+
+
+# -- the benchmark's rule and chooser (benchmarks/adaptive_reuse.py), on made-up records ------------------------------
+
+
+def record(setting, loss, lr, seed, final, curve=None, fall=0.0, tokens=100_000):
+    """A run's record as the benchmark writes it: the final accuracy, a curve of (tokens, accuracy %)."""
+    curve = curve or [(0, 20.0), (tokens, 100 * final)]
+    return {"setting": setting, "loss": loss, "lr": lr, "seed": seed, "after": final, "largest_fall": fall,
+            "generated_tokens": tokens, "updates": 60, "batches": 60, "signal": None, "reuse": 1,
+            "curve": [{"step": i, "generated_tokens": t, "accuracy": a / 100} for i, (t, a) in enumerate(curve)]}
+
+
+def runs_for(settings: dict, seeds=(1, 2, 3, 4)):
+    """``settings``: name -> (offset of the final from R = 1's in points, the curve of a seed, fall of seed 1)."""
+    from benchmarks import adaptive_reuse as bench
+
+    runs = {}
+    for seed in seeds:
+        for lr in bench.LRS:
+            base = 0.90 + 0.01 * seed
+            runs[f"R1 {lr} {seed}"] = record("R1", "dapo", lr, seed, base, curve=[(0, 20), (50_000, 80), (100_000, 100 * base)])
+            for name, (offset, curve, fall) in settings.items():
+                for loss in bench.LOSSES:
+                    final = base + offset / 100
+                    runs[f"{name} {loss} {lr} {seed}"] = record(
+                        name, loss, lr, seed, final, curve=curve(final) if curve else None, fall=fall if seed == 1 else 0.0)
+    return runs
+
+
+def test_the_rule_reads_level_falls_and_saving_against_r1():
+    from benchmarks import adaptive_reuse as bench
+
+    early = lambda final: [(0, 20), (20_000, 100 * final), (100_000, 100 * final)]  # noqa: E731
+    runs = runs_for({"R4-kl0.001": (0.0, early, 0.0), "R2": (-6.0, early, 0.0), "R4": (0.0, None, 30.0)})
+    pays = bench.reading(runs, "R4-kl0.001")
+    cell = pays["cells"][f"respo lr{bench.SAFE_LR:g}"]
+    assert cell["level"]["mean"] == pytest.approx(0.0) and cell["falls"] == [] and cell["safe"]
+    assert cell["token_fraction"] == pytest.approx(0.2, abs=0.01) and pays["pays"]
+    assert not bench.reading(runs, "R2")["safe"]  # 6 points below R = 1 on every seed
+    falls = bench.reading(runs, "R4")
+    assert falls["cells"][f"dapo lr{bench.HARSH_LR:g}"]["falls"] == [1] and not falls["safe"]
+    assert not falls["saves"]  # its curve reaches R = 1's final - 2 only at the end: a fraction near 1
+
+
+def test_the_chooser_takes_the_most_saving_qualifying_candidate_and_breaks_ties_toward_kl():
+    from benchmarks import adaptive_reuse as bench
+
+    fast = lambda final: [(0, 20), (20_000, 100 * final), (100_000, 100 * final)]  # noqa: E731
+    faster = lambda final: [(0, 20), (10_000, 100 * final), (100_000, 100 * final)]  # noqa: E731
+    runs = runs_for({"R4-kl0.001": (0.0, fast, 0.0), "R4-ess0.97": (0.0, fast, 0.0), "R4-kl0.0005": (-5.0, faster, 0.0),
+                     "R4-ess0.99": (0.0, faster, 20.0)})  # fmt: skip
+    candidates = (("kl", 5e-4), ("kl", 1e-3), ("ess", 0.97), ("ess", 0.99))
+    result = bench.choose(runs, candidates)
+    rows = {r["setting"]: r for r in result["candidates"]}
+    assert not rows["R4-kl0.0005"]["qualifies"] and not rows["R4-ess0.99"]["qualifies"]  # too low; a fall
+    assert result["qualified"] and result["chosen"]["setting"] == "R4-kl0.001"  # tied with ess 0.97: kl wins
+    # none qualifies: the safest worst cell among those without unmatched falls
+    runs = runs_for({"R4-kl0.001": (-8.0, fast, 0.0), "R4-ess0.97": (-4.0, fast, 0.0), "R4-ess0.99": (0.0, fast, 20.0)})
+    result = bench.choose(runs, (("kl", 1e-3), ("ess", 0.97), ("ess", 0.99)))
+    assert not result["qualified"] and result["chosen"]["setting"] == "R4-ess0.97"
+
+
+@pytest.mark.slow
+def test_smoke_run_of_the_benchmark(tmp_path):
+    """tune -> evaluate -> summary at smoke size: every run stops at the token budget and records its trace; the
+    evaluation is refused before a setting is chosen, and a second tune reruns nothing."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    out, work = tmp_path / "out", tmp_path / "work"
+    common = ["--smoke", "--out", str(out), "--work", str(work), "--workers", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def stage(name, ok=True):
+        done = subprocess.run([sys.executable, "-m", "benchmarks.adaptive_reuse", name, *common], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=900)  # fmt: skip
+        assert (done.returncode == 0) is ok, done.stderr[-3000:]
+        return done
+
+    assert "run the tune stage first" in stage("evaluate", ok=False).stderr
+    stage("tune")
+    tuning = json.loads((out / "tuning.json").read_text())
+    assert tuning["chosen"]["setting"] == "R4-kl0.001" and "6 runs, 6 done" in stage("tune").stdout
+    stage("evaluate")
+    result = json.loads((out / "evaluation.json").read_text())
+    assert set(result["readings"]) == {"R2", "R4", "R4-kl0.001"} and result["runs"] == 2 * 2 * 7
+    run = json.loads((out / "evaluation" / "R4-kl0.001-respo-lr0.0001-s1.json").read_text())
+    assert run["generated_tokens"] >= 600 and run["updates"] <= 4 * run["batches"] and run["commit"]
+    assert "reuse/kl_before_pass" in run["history"] and (out / "adaptive_reuse.png").is_file()
