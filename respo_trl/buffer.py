@@ -200,6 +200,24 @@ class RolloutBuffer:
         self._fresh_grad_norm: tuple[int, float] | None = None  # (generation, grad_norm of its fresh pass)
         self._permutation: tuple[int, torch.Tensor] | None = None
 
+    @classmethod
+    def from_config(cls, args, num_processes: int) -> "RolloutBuffer":
+        """The schedule a ``ReSPOConfig`` asks for, on ``num_processes`` processes."""
+        return cls(
+            reuse=args.num_iterations,
+            steps_per_generation=args.steps_per_generation,
+            reshuffle=args.respo_reshuffle_active,
+            seed=args.seed,
+            storage_device="cpu" if args.respo_buffer_device == "cpu" else None,
+            num_processes=num_processes,
+            group_size=args.num_generations if args.respo_whole_groups else None,
+            track_first_weight=args.respo_first_pass_weight,
+            accumulation=args.gradient_accumulation_steps,
+            min_ess=args.respo_min_ess,
+            adaptive=args.respo_adaptive_reuse,
+            threshold=args.respo_adaptive_threshold_active,
+        )
+
     @property
     def samples_next(self) -> bool:
         """Whether the next micro-batch starts a new cycle on a fresh batch (a cycle ended, or nothing is stored)."""
@@ -299,14 +317,26 @@ class RolloutBuffer:
             return grad_norm / self._fresh_grad_norm[1]
         return None
 
+    def reuse_metrics(self, staleness: torch.Tensor, first_of_step: bool) -> dict[str, float]:
+        """``reuse/*`` of one training micro-batch from its rows' staleness (over all processes); the tokens sampled
+        for an optimizer step are reported on its first micro-batch."""
+        metrics = {"reuse/staleness_mean": staleness.mean().item(), "reuse/staleness_max": staleness.max().item()}
+        if first_of_step:
+            metrics["reuse/generated_tokens_per_step"] = float(self.tokens_since_last_step())
+        metrics["reuse/generated_tokens"] = float(self.generated_tokens)
+        metrics["reuse/refreshes"] = float(self.refreshes)
+        return metrics
+
     def count_generated(self, tokens: int) -> None:
         """Add completion tokens sampled (summed over processes): the sampling cost reuse saves."""
         self.generated_tokens += int(tokens)
 
-    def discard(self) -> None:
-        """Drop the stored batch: the next micro-batch starts a new cycle (a resume from a checkpoint without a
-        buffer, as TRL's own resume does)."""
+    def resume_without_files(self, micro_steps: int) -> int:
+        """A resume from a checkpoint without a buffer (written by plain ``GRPOTrainer``) after ``micro_steps``
+        micro-batches: nothing is stored, so the next micro-batch starts a new cycle, as TRL's own resume does.
+        Returns how many micro-batches of the interrupted cycle that loses (0 at a cycle's end)."""
         self.batch, self.position, self._permutation = None, 0, None
+        return (self.cycle_length - micro_steps % self.cycle_length) % self.cycle_length
 
     # -- storing and serving ---------------------------------------------------------------------------------------
 

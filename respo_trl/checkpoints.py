@@ -75,3 +75,14 @@ def last_complete_checkpoint(output_dir: str, num_processes: int) -> tuple[str |
             return path, skipped
         skipped.append((path, problem))
     return None, skipped
+
+
+def latest_complete_checkpoint(output_dir: str, num_processes: int, warn) -> str:
+    """:func:`last_complete_checkpoint` for a resume that asked for "the latest": each newer checkpoint skipped is
+    reported through ``warn`` (one line, why), and no complete one is an error naming ``output_dir``."""
+    path, skipped = last_complete_checkpoint(output_dir, num_processes)
+    for folder, problem in skipped:
+        warn(f"Skipping {folder}: {problem}")
+    if path is None:
+        raise ValueError(f"No valid checkpoint found in output directory ({output_dir})")
+    return path

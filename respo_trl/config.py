@@ -9,8 +9,8 @@ ReSPO does with the settings it reinterprets; the trainer logs them once.
 from __future__ import annotations
 
 import difflib
-import warnings
 import math
+import warnings
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig

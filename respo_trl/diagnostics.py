@@ -4,9 +4,10 @@ A trainer calls :func:`sequence_stats` on each micro-batch, gathers the per-sequ
 collective) and logs :func:`summarize` of the gathered table. Because the summary is computed from the global table,
 every process logs identical numbers, and sums are exact (not means of per-process means).
 
-The coefficients are those the loss really applies: ``c_it`` comes from differentiating the registered loss
-(:func:`respo_trl.kernels.gradient_coefficients`, sampler correction and ReSPO's token trust mask included), times
-``token_weight``, the masks the trainer applies on top (TRL's entropy mask and off-policy sequence mask).
+The coefficients are those the loss really applies: for ReSPO, the ones its loss computed on this forward
+(:func:`respo_trl.kernels.respo_weights`, handed over, not recomputed); for TRL's own losses, ``c_it`` from
+differentiating the registered loss (:func:`respo_trl.kernels.gradient_coefficients`, sampler correction included);
+both times ``token_weight``, the masks the trainer applies on top (TRL's entropy mask and off-policy sequence mask).
 Definitions (symbols of ``docs/method.md``):
 
 * ``grad_throughput/{pos,neg} = sum_i |A_i| sum_t m_it c_it / sum_i |A_i| L_i`` over sequences with ``A > 0`` / ``< 0``:
@@ -31,17 +32,18 @@ Definitions (symbols of ``docs/method.md``):
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
 
 from .kernels import (
     LossParams,
+    ReSPOWeights,
     directional_trust_mask,
     fold_sampler_ratio,
     gradient_coefficients,
     kish_ess,
+    respo_weights,
     sequence_log_weight,
     two_branch_phi,
     vespo_branch,
@@ -98,47 +100,47 @@ def sequence_stats(
     sampler_ratio: Tensor | None = None,
     token_weight: Tensor | None = None,
     kept_log_w: Tensor | None = None,
+    weights: ReSPOWeights | None = None,
 ) -> Tensor:
     """One row per sequence with the :data:`COLUMNS` needed by :func:`summarize` (float32, shape (B, 13)).
 
     ``log_ratio`` = ``log pi_theta - log pi_old`` (B, T); ``sampler_ratio`` is TRL's vLLM ``importance_sampling_ratio``
     ((B, T) or (B, 1)) or ``None``; ``token_weight`` (broadcastable to (B, T)) the trainer's extra masks;
     ``loss_name`` a key of :data:`respo_trl.kernels.POLICY_LOSSES`. Advantages of shape (B, T) are summarised per
-    sequence by their masked mean. ``kept_log_w`` (B,): the first-pass weight ReSPO's loss keeps under
-    ``respo_epoch_weight="first_pass"``; the coefficients (and ``phi``) are the ones that weight gives, while
-    ``log_weight`` stays the current ``log W`` (how far the policy has moved).
+    sequence by their masked mean. ``weights``: what ReSPO's loss computed on this forward
+    (:func:`respo_trl.kernels.respo_weights`), used as they are, never computed again; for TRL's own losses the
+    coefficients are recovered from the registered loss by autograd. ``kept_log_w`` (B,): the first-pass weight
+    ReSPO's loss keeps under ``respo_epoch_weight="first_pass"``; the coefficients (and ``phi``) are the ones that
+    weight gives, while ``log_weight`` stays the current ``log W`` (how far the policy has moved).
     """
     with torch.no_grad():
         mask_f = mask.float()
         log_ratio = log_ratio.detach().float()
         adv = advantages.detach().float()
         lengths = mask_f.sum(-1)
-        if adv.dim() > 1 and adv.shape[-1] > 1:
-            adv_seq = (adv * mask_f).sum(-1) / lengths.clamp(min=1.0)
-        else:
-            adv_seq = adv.reshape(-1)
+        per_token = adv.dim() > 1 and adv.shape[-1] > 1
+        adv_seq = (adv * mask_f).sum(-1) / lengths.clamp(min=1.0) if per_token else adv.reshape(-1)
         weight = mask_f if token_weight is None else mask_f * token_weight.float()
-
-        def coefficients(name: str, loss_params: LossParams) -> Tensor:
-            c = gradient_coefficients(name, log_ratio, adv, mask, loss_params, sampler_ratio=sampler_ratio,
-                                      log_w=kept_log_w)  # fmt: skip
-            return c * weight
-
-        c = coefficients(loss_name, params)
-        clip_c = coefficients("ppo", dataclasses.replace(params, importance_sampling_level="token"))
-        log_c, kept = fold_sampler_ratio(sampler_ratio, mask)
-        log_w = sequence_log_weight(log_ratio, kept, log_c)  # raw log W, the diagnostic's x-axis for every loss
+        if weights is None:
+            weights = respo_weights(log_ratio, adv, mask, params, sampler_ratio=sampler_ratio, log_w=kept_log_w)
+            c = gradient_coefficients(loss_name, log_ratio, adv, mask, params, sampler_ratio=sampler_ratio,
+                                      log_w=kept_log_w) * weight  # fmt: skip
+        else:
+            c = weights.coefficients.float() * weight
+        clip_c = clipped_coefficients(log_ratio, adv, mask, params, sampler_ratio) * weight
+        kept, log_w = weights.kept, weights.log_w  # raw log W, the diagnostic's x-axis for every loss
         vespo = vespo_phi(log_ratio, adv_seq, mask, params, sampler_ratio).reshape(-1)  # VESPO's weight, as TRL has it
-        # ReSPO's phi as configured, whatever loss is trained: a branch set to VESPO's kernel is VESPO's own weight
-        phi_log_w = log_w if kept_log_w is None else torch.where(torch.isfinite(kept_log_w), kept_log_w.to(log_w), log_w)
-        phi = torch.where(vespo_branch(adv_seq, params), vespo, two_branch_phi(phi_log_w, adv_seq, params))
+        if per_token:  # ReSPO's phi as configured at each sequence's mean advantage
+            evaluated = log_w if kept_log_w is None else torch.where(torch.isfinite(kept_log_w), kept_log_w.to(log_w), log_w)
+            phi = torch.where(vespo_branch(adv_seq, params), vespo, two_branch_phi(evaluated, adv_seq, params))
+        else:  # ReSPO's phi as configured, whatever loss is trained: a branch set to VESPO's kernel is VESPO's weight
+            phi = weights.phi.reshape(-1).float()
         kept_f = kept.float()
         rho = torch.where(kept, log_ratio, 0.0)
         kl = ((torch.expm1(rho) - rho) * kept_f).sum(-1)  # k3: r - 1 - log r >= 0, unbiased for KL(pi_old || pi)
         trust_masked = torch.zeros_like(lengths)
-        if loss_name == "respo" and params.respo_trust_mask:
-            kept_trust = directional_trust_mask(log_ratio, adv, kept, *params.trust_bounds())
-            trust_masked = (kept.float() - kept_trust).clamp(min=0).sum(-1)
+        if loss_name == "respo" and weights.trust_kept is not None:
+            trust_masked = (kept_f - weights.trust_kept).clamp(min=0).sum(-1)
         columns = {
             "valid": (lengths > 0).float(),
             "kept": kept.any(-1).float(),
@@ -146,7 +148,7 @@ def sequence_stats(
             "length": lengths,
             "mass": c.sum(-1),
             "clip_mass": clip_c.sum(-1),
-            "log_weight": log_w,
+            "log_weight": log_w.float(),
             "phi": phi,
             "vespo_phi": vespo,
             "zero_tokens": ((c == 0) & mask.bool()).float().sum(-1),
@@ -155,6 +157,58 @@ def sequence_stats(
             "kept_tokens": kept_f.sum(-1),
         }
         return torch.stack([columns[name] for name in COLUMNS], dim=-1)
+
+
+def step_metrics(logps: Tensor, old_logps: Tensor | None, advantages: Tensor, mask: Tensor, params: LossParams,
+                 loss_name: str, *, sampler_ratio=None, token_weight=None, kept_log_w=None, weights=None,
+                 staleness: Tensor | None = None, dropped: Tensor | None = None, gather=lambda t: t):  # fmt: skip
+    """One micro-batch's metrics (:func:`summarize` of the gathered :func:`sequence_stats` table, plus
+    ``respo/nonfinite_seqs``) and its rows' staleness over all processes, in one collective (``gather``): every
+    process logs the same global numbers. ``logps`` is the loss forward's, cleaned (a dropped row and a non-finite
+    value count as log-ratio 0); ``staleness``/``dropped`` (B,) travel with the table (None: fresh / none)."""
+    log_ratio = torch.zeros_like(logps) if old_logps is None else logps - old_logps
+    table = sequence_stats(log_ratio, advantages, mask, params, loss_name, sampler_ratio=sampler_ratio,
+                           token_weight=token_weight, kept_log_w=kept_log_w, weights=weights)  # fmt: skip
+    extra = [torch.zeros(len(table)) if v is None else v for v in (staleness, dropped)]
+    table = gather(torch.cat([table, *(v.to(table).unsqueeze(-1) for v in extra)], dim=-1))
+    metrics = summarize(table[:, : len(COLUMNS)])
+    metrics["respo/nonfinite_seqs"] = table[:, len(COLUMNS) + 1].sum().item()
+    return metrics, table[:, len(COLUMNS)]
+
+
+def clipped_coefficients(log_ratio: Tensor, advantages: Tensor, mask: Tensor, params: LossParams,
+                         sampler_ratio: Tensor | None = None) -> Tensor:  # fmt: skip
+    """The coefficient TRL's token-clipped loss (``dapo``, this config's epsilons and ``delta``) would apply on the
+    same batch, in closed form: the token ratio ``r_it`` where the clip lets the token through in its advantage's
+    direction, 0 where it stops it (:func:`respo_trl.kernels.directional_trust_mask` has the same zero set), times the
+    sampler ratio as TRL multiplies it in. Equal to the derivative of the registered ``ppo`` loss (tested), without
+    evaluating that loss on every step."""
+    with torch.no_grad():
+        rho = torch.where(mask.bool(), log_ratio.detach().float(), 0.0)
+        sign = torch.where(advantages >= 0, 1.0, -1.0)  # A = 0 takes the positive side, as the loss's derivative does
+        c = torch.exp(rho) * directional_trust_mask(rho, sign, mask, params.epsilon_low, params.epsilon_high,
+                                                    params.delta)  # fmt: skip
+        if sampler_ratio is not None:
+            c = c * sampler_ratio.float()
+        return c.nan_to_num(0.0) * mask.float()
+
+
+def drift_rows(logps: Tensor, old_logps: Tensor, mask: Tensor, sampler_ratio: Tensor | None = None) -> Tensor:
+    """Per sequence, what the adaptive-reuse check gathers (B, 4): ``log W`` (sampler correction included), whether it
+    is defined, the summed k3 KL(pi_old || pi_theta) over the kept tokens (sampler correction excluded, as
+    ``offpolicy/kl``) and the kept-token count. :func:`drift_signals` turns the gathered rows into the two signals."""
+    with torch.no_grad():
+        log_c, kept = fold_sampler_ratio(sampler_ratio, mask)
+        log_w = sequence_log_weight(logps - old_logps, kept, log_c)
+        valid = kept.any(-1) & torch.isfinite(log_w)
+        rho = torch.where(kept, (logps - old_logps).float(), 0.0)
+        kl = torch.where(kept, torch.expm1(rho) - rho, 0.0).sum(-1)
+        return torch.stack([log_w, valid.float(), kl, kept.float().sum(-1)], dim=-1)
+
+
+def drift_signals(rows: Tensor) -> dict[str, float]:
+    """``ess``: the normalised Kish ESS of the defined ``W``; ``kl``: the per-token KL over all kept tokens."""
+    return {"ess": kish_ess(rows[:, 0][rows[:, 1] > 0]).item(), "kl": (rows[:, 2].sum() / rows[:, 3].sum().clamp(min=1.0)).item()}
 
 
 def positive_low_weight_stats(
@@ -201,6 +255,18 @@ def pooled_low_weight(sums: dict[str, float]) -> dict[str, float]:
         ratio = mass_share / share if share > 0 and not math.isnan(mass_share) else math.nan
         out[f"{prefix}mass_share"], out[f"{prefix}mass_ratio"] = mass_share, ratio
     return out
+
+
+def pool_low_weight_window(metrics: dict[str, list]) -> None:
+    """The paper's positive-branch diagnostic over a logging window, in place in TRL's ``_metrics[mode]`` dict: TRL
+    averages every metric over the window's micro-batches, which would average ratios; here the counts and masses
+    (already summed over processes) are summed over the window and the share, mass share and ratios formed once."""
+    keys = [LOW_WEIGHT_PREFIX + key for key in LOW_WEIGHT_SUMS]
+    if not all(key in metrics for key in keys):
+        return
+    sums = {key: sum(metrics[LOW_WEIGHT_PREFIX + key]) for key in LOW_WEIGHT_SUMS}
+    for key, value in {**sums, **pooled_low_weight(sums)}.items():
+        metrics[LOW_WEIGHT_PREFIX + key] = [value]
 
 
 def summarize(table: Tensor) -> dict[str, float]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -402,7 +402,17 @@ def vespo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None):
     return -vespo_phi(log_ratio, advantages, mask, params, sampler_ratio) * _column(advantages) * log_ratio
 
 
-def respo_coefficients(
+class ReSPOWeights(NamedTuple):
+    """Everything ReSPO's coefficient on a batch is made of, computed once (:func:`respo_weights`)."""
+
+    coefficients: Tensor  # (B, T) detached c_it: phi on kept tokens, 0 elsewhere, times the trust mask when on
+    log_w: Tensor  # (B,) the current sequence log-weight log W_i (sampler correction folded, clamped to +-20)
+    phi: Tensor  # (B, 1) or (B, T): phi_{sign A}(W) at the weight the kernel evaluated (a kept first-pass W)
+    kept: Tensor  # (B, T) bool: loss tokens the sampler correction did not drop
+    trust_kept: Tensor | None  # (B, T) float: tokens the trust mask lets through (None when the mask is off)
+
+
+def respo_weights(
     log_ratio: Tensor,
     advantages: Tensor,
     mask: Tensor,
@@ -410,8 +420,8 @@ def respo_coefficients(
     *,
     sampler_ratio: Tensor | None = None,
     log_w: Tensor | None = None,
-) -> Tensor:
-    """ReSPO's detached per-token coefficient (B, T): ``phi_{sign A}(W_i)`` on kept tokens, 0 elsewhere.
+) -> ReSPOWeights:
+    """ReSPO's detached per-token coefficient and what it is made of, each computed once:
 
     1. The sampler correction is folded in log space (:func:`fold_sampler_ratio`): tokens or sequences it masks are
        dropped, never turned into a large negative log-weight.
@@ -425,22 +435,39 @@ def respo_coefficients(
        (:func:`directional_trust_mask`); ``phi`` itself is unchanged.
 
     ``log_w`` (B,), where finite, is the ``log W_i`` the kernel evaluates instead of step 2's: the weight a sample had
-    on its first pass, which ``respo_epoch_weight="first_pass"`` keeps for its later passes (docs/method.md, section 6).
+    on its first pass, which ``respo_epoch_weight="first_pass"`` keeps for its later passes (docs/method.md, section 6);
+    the returned ``log_w`` is always the current one (how far the policy has moved).
     """
     with torch.no_grad():
         log_c, kept = fold_sampler_ratio(sampler_ratio, mask)
         current = sequence_log_weight(log_ratio, kept, log_c)
-        log_w = current if log_w is None else torch.where(torch.isfinite(log_w), log_w.to(current), current)
+        evaluated = current if log_w is None else torch.where(torch.isfinite(log_w), log_w.to(current), current)
         a = _column(advantages).detach()
-        log_w_t = log_w.unsqueeze(-1).expand(-1, a.shape[-1])
-        phi = two_branch_phi(log_w_t, a.float(), params)  # (B, 1) or (B, T)
+        phi = two_branch_phi(evaluated.unsqueeze(-1).expand(-1, a.shape[-1]), a.float(), params)  # (B, 1) or (B, T)
         coef = phi * kept.float()
         if "vespo" in (params.respo_pos_branch, params.respo_neg_branch):
-            gamma = vespo_phi(log_ratio, a, mask, params, sampler_ratio) * mask.float()
-            coef = torch.where(vespo_branch(a, params), gamma.to(coef.dtype), coef)
+            gamma = vespo_phi(log_ratio, a, mask, params, sampler_ratio)
+            phi = torch.where(vespo_branch(a, params), gamma.to(phi.dtype), phi)
+            coef = torch.where(vespo_branch(a, params), (gamma * mask.float()).to(coef.dtype), coef)
+        trust_kept = None
         if params.respo_trust_mask:
-            coef = coef * directional_trust_mask(log_ratio, advantages, kept, *params.trust_bounds())
-        return coef
+            trust_kept = directional_trust_mask(log_ratio, advantages, kept, *params.trust_bounds())
+            coef = coef * trust_kept
+        return ReSPOWeights(coef, current, phi, kept, trust_kept)
+
+
+def respo_coefficients(
+    log_ratio: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    params: LossParams = LossParams(),
+    *,
+    sampler_ratio: Tensor | None = None,
+    log_w: Tensor | None = None,
+) -> Tensor:
+    """ReSPO's detached per-token coefficient (B, T): ``phi_{sign A}(W_i)`` on kept tokens, 0 elsewhere (the
+    ``coefficients`` of :func:`respo_weights`, which says how it is computed)."""
+    return respo_weights(log_ratio, advantages, mask, params, sampler_ratio=sampler_ratio, log_w=log_w).coefficients
 
 
 @register_policy_loss("respo")

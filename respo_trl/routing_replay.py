@@ -391,6 +391,14 @@ class RoutingReplay:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def drift_metrics(stats: torch.Tensor) -> dict[str, float]:
+    """From :attr:`RoutingReplay.last_stats` summed over processes: ``routing/drift``, the share of replayed
+    token-layer slots whose free top-k would differ from the replayed one, and ``routing/drift_tokens``, the share of
+    tokens that differ in at least one MoE layer."""
+    return {"routing/drift": (stats[0] / stats[1].clamp(min=1)).item(),
+            "routing/drift_tokens": (stats[2] / stats[3].clamp(min=1)).item()}  # fmt: skip
+
+
 def config_problems(args) -> list[str]:
     """Why the generation configured by ``args`` (a TRL ``GRPOConfig``) cannot be recorded; empty if it can."""
     problems = []

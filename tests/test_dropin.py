@@ -134,17 +134,17 @@ def test_every_loss_type_trains_with_every_sampler_correction_mode(build, loss, 
 @pytest.mark.parametrize("mode", MODES)
 def test_sampler_ratio_reaches_respo_coefficient(build, mode, monkeypatch):
     """Catches: the vLLM ratio dropped from phi, a sequence ratio added per token, token_mask kept as log-ratio -20."""
-    import respo_trl.trl_loss as seam
+    import respo_trl.trl_loss as loss_module
     from respo_trl.kernels import respo_kernel
 
-    records, real = [], seam.respo_coefficients
+    records, real = [], loss_module.respo_weights
 
     def recording(log_ratio, advantages, mask, params, *, sampler_ratio=None, log_w=None):  # what phi was built from
-        coef = real(log_ratio, advantages, mask, params, sampler_ratio=sampler_ratio, log_w=log_w)
-        records.append((advantages, log_ratio, mask, sampler_ratio, log_w, coef))
-        return coef
+        weights = real(log_ratio, advantages, mask, params, sampler_ratio=sampler_ratio, log_w=log_w)
+        records.append((advantages, log_ratio, mask, sampler_ratio, log_w, weights.coefficients))
+        return weights
 
-    monkeypatch.setattr(seam, "respo_coefficients", recording)
+    monkeypatch.setattr(loss_module, "respo_weights", recording)
     low, high = (0.9, 1.1) if mode.startswith("token") else (0.6, 1.2)
     trainer = build(vllm=True, vllm_importance_sampling_mode=mode,
                     vllm_importance_sampling_clip_min=low, vllm_importance_sampling_clip_max=high, max_steps=1)
@@ -189,14 +189,15 @@ def test_baseline_through_respo_trainer_equals_trls_grpo_trainer(build, loss, vl
     assert [h["loss"] for h in train_logs(ours)] == pytest.approx([h["loss"] for h in train_logs(trl_trainer)])
 
 
-@pytest.mark.parametrize("moved", ["signature", "kind", "state"])
+@pytest.mark.parametrize("moved", ["signature", "kind", "state", "class attribute"])
 def test_a_trl_whose_helpers_moved_is_refused_in_one_line(build, monkeypatch, moved):
-    """ReSPO's loss (trl_loss.py) calls TRL's helpers with TRL 1.16's signatures and reads its loss state: a TRL that
-    changed a helper's shape, made a static helper an instance method, or renamed a piece of state is refused when the
-    trainer is built, in one line naming what moved and what to install."""
+    """The seam calls TRL's helpers with TRL 1.16's signatures, reads its loss state and sets its class attributes
+    (trl_surface.py): a TRL that changed a helper's shape, made a static helper an instance method, renamed a piece of
+    state or a class attribute is refused when the trainer is built, in one line naming what moved and what to
+    install."""
     from trl import GRPOTrainer
 
-    import respo_trl.trl_loss as seam
+    import respo_trl.trl_surface as seam
 
     if moved == "signature":  # a future TRL whose off-policy mask takes another argument
         def get_off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask, threshold, level):
@@ -208,9 +209,14 @@ def test_a_trl_whose_helpers_moved_is_refused_in_one_line(build, monkeypatch, mo
         monkeypatch.setattr(GRPOTrainer, "get_off_policy_mask", lambda advantages, per_token_logps,
                             sampling_per_token_logps, mask, off_policy_threshold: None)  # fmt: skip
         expected = "static GRPOTrainer.get_off_policy_mask"
-    else:
+    elif moved == "state":
         monkeypatch.setattr(seam, "TRL_STATE", (*seam.TRL_STATE, "entropy_bonus_schedule"))  # renamed in a future TRL
         expected = "GRPOTrainer.entropy_bonus_schedule"
+    else:  # a future TRL that names its paper differently: ReSPO's card and Hub metadata would not reach it
+        for cls in GRPOTrainer.__mro__:  # TRL's base trainer reads it for the card
+            if "_paper" in vars(cls):
+                monkeypatch.delattr(cls, "_paper")
+        expected = "GRPOTrainer._paper"
     seam.check_trl_hooks.cache_clear()
     try:
         with pytest.raises(RuntimeError, match=r"pip install 'trl>=1\.16,<1\.17'") as error:

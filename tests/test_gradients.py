@@ -184,7 +184,7 @@ def test_diagnostics_report_the_coefficients_of_the_loss_trl_really_computes(
 def test_dropping_a_nonfinite_row_keeps_the_tool_mask_and_cleans_padding(make_trainer, tokenizer):
     """A dropped row leaves the loss through TRL's tool_mask, which may already hold tool-call zeros: they stay. A kept
     row's padding may hold -inf log-probs (never read by the mask, but inf * 0 is NaN in the loss): it is filled."""
-    from respo_trl.trainer import drop_nonfinite
+    from respo_trl.trl_loss import drop_nonfinite
 
     trainer = prepare(make_trainer())
     inputs = make_batch(tokenizer, seed=3)
@@ -257,7 +257,7 @@ TRL_TERMS = {
 
 @pytest.mark.parametrize("terms", sorted(TRL_TERMS))
 def test_respo_loss_is_trls_vespo_branch_in_every_term(make_trainer, tokenizer, tiny_model_dir, terms):
-    """The seam's promise, against TRL's own loss: with both branches VESPO's, ReSPO's loss (trl_loss.ReSPOLoss) gives
+    """The seam's promise, against TRL's own loss: with both branches VESPO's, ReSPO's loss (trl_loss.respo_grpo_loss) gives
     TRL's ``vespo`` loss, gradients and logged metrics for every term TRL adds around the policy term (KL and its bias
     correction, entropy and off-policy masks, static and adaptive entropy bonus, MoE auxiliary loss). A TRL release
     that changes one of them fails here. (For ``importance_sampling_level="sequence"``, which VESPO refuses, the KL's

@@ -549,7 +549,7 @@ def test_whole_groups_through_the_trainer_keep_each_group_in_one_update(make_tra
     assert any(counts(prompts) != [4, 4] for prompts, _, _ in served[False])  # TRL's row shuffle splits groups
 
 
-def test_first_pass_weight_keeps_each_samples_first_w_on_its_later_passes(make_trainer):
+def test_first_pass_weight_keeps_each_samples_first_w_on_its_later_passes(make_trainer, monkeypatch):
     """respo_epoch_weight="first_pass" (issue 40): on pass 1 a row's phi comes from its current W, which the buffer
     keeps; on passes 2..R phi comes from that kept W, not from the W the policy has moved to since. Catches: the
     current W used on later passes (the 0.5 kernel under epochs), the kept value overwritten by a later pass, the
@@ -559,13 +559,15 @@ def test_first_pass_weight_keeps_each_samples_first_w_on_its_later_passes(make_t
 
     trainer = make_trainer(num_iterations=3, max_steps=3, respo_epoch_weight="first_pass", learning_rate=5e-2)
     assert trainer.args.respo_first_pass_weight and trainer.rollouts.track_first_weight
-    calls, real = [], trainer._respo_gamma_weights
+    import respo_trl.trl_loss as loss_module
 
-    def spy(advantages, log_ratio, mask, ratio, log_w=None):
+    calls, real = [], loss_module.respo_weights
+
+    def spy(log_ratio, advantages, mask, params, *, sampler_ratio=None, log_w=None):  # what the loss's phi is built from
         calls.append((advantages, log_ratio.detach().clone(), mask, None if log_w is None else log_w.clone()))
-        return real(advantages, log_ratio, mask, ratio, log_w=log_w)
+        return real(log_ratio, advantages, mask, params, sampler_ratio=sampler_ratio, log_w=log_w)
 
-    trainer._respo_gamma_weights = spy
+    monkeypatch.setattr(loss_module, "respo_weights", spy)
     rows_seen = []
     compute = trainer._compute_loss
 

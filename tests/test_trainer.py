@@ -234,12 +234,14 @@ def test_every_inherited_trl_method_keeps_its_signature_and_kind():
 
 def test_the_seam_overrides_each_trl_method_once_and_declares_every_one():
     """One seam (issue 41): ReSPOTrainer's only base is GRPOTrainer, so no TRL method is overridden along a chain of
-    mixins, and every method it overrides is in trl_loss.OVERRIDDEN, whose signatures check_trl_hooks checks.
-    Catches an override added without declaring it (a TRL that moves it would then break silently)."""
+    mixins, and every method it overrides is declared in trl_surface.TRL_METHODS, whose signatures check_trl_hooks
+    checks; every TRL class attribute it sets is in TRL_CLASS_ATTRIBUTES. Catches an override added without declaring
+    it (a TRL that moves it would then break silently)."""
     from trl import GRPOTrainer
 
     from respo_trl import ReSPOTrainer
-    from respo_trl.trl_loss import OVERRIDDEN, TRL_METHODS
+    from respo_trl.trainer import OVERRIDDEN
+    from respo_trl.trl_surface import TRL_CLASS_ATTRIBUTES, TRL_METHODS
 
     assert ReSPOTrainer.__bases__ == (GRPOTrainer,)
     overridden = {name for name, value in vars(ReSPOTrainer).items() if callable(value) and hasattr(GRPOTrainer, name)}
@@ -247,6 +249,9 @@ def test_the_seam_overrides_each_trl_method_once_and_declares_every_one():
     assert overridden == set(OVERRIDDEN), overridden ^ set(OVERRIDDEN)
     for name in OVERRIDDEN:
         assert name in TRL_METHODS
+    attributes = {name for name, value in vars(ReSPOTrainer).items() if not callable(value) and hasattr(GRPOTrainer, name)
+                  and not name.startswith("__")}  # fmt: skip
+    assert attributes <= set(TRL_CLASS_ATTRIBUTES), attributes - set(TRL_CLASS_ATTRIBUTES)
 
 
 def test_trl_helpers_are_callable_the_way_trl_and_its_tests_call_them():
@@ -305,7 +310,7 @@ def test_the_seam_into_trl_writes_no_helper_and_flips_nothing(make_trainer, monk
 def test_positive_branch_diagnostic_is_pooled_over_the_logged_step(make_trainer):
     """Catches a mean of per-micro-batch ratios: with two micro-batches per logged step, share / mass share / ratio
     are formed once from the summed counts and masses."""
-    from respo_trl.diagnostics import pooled_low_weight
+    from respo_trl.diagnostics import pool_low_weight_window, pooled_low_weight
 
     trainer = make_trainer(loss_type="dapo")
     metrics = trainer._metrics["train"]
@@ -318,7 +323,7 @@ def test_positive_branch_diagnostic_is_pooled_over_the_logged_step(make_trainer)
         for key in ("n", "n_low", "mass", "mass_low", "respo_mass", "respo_mass_low", "vespo_mass", "vespo_mass_low"):
             metrics[prefix + key].append(row[key.split("_", 1)[1]] if key.startswith(("respo", "vespo")) else row[key])
         metrics[prefix + "share"].append(row["n_low"] / row["n"])
-    trainer._pool_low_weight_metrics()
+    pool_low_weight_window(metrics)  # what ReSPOTrainer.log does with TRL's window of metrics
     assert metrics[prefix + "share"] == [pytest.approx(2 / 10)]  # not (1/2 + 1/8) / 2
     assert metrics[prefix + "mass_share"] == [pytest.approx(1.5 / 11)]
     assert metrics[prefix + "mass_ratio"] == [pytest.approx((1.5 / 11) / 0.2)]

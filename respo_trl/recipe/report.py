@@ -20,6 +20,7 @@ CURVE_FILE = "heldout_curve.json"  # every held-out point as it is measured: a r
 ANSWERS_FILE = "heldout_answers.jsonl"
 
 from ..batching import batch_plan
+from ..checkpoints import latest_complete_checkpoint
 from ..hub.card import CURVES_FILE
 
 
@@ -150,7 +151,11 @@ class RunReport:
         resumes from; nothing if the file is missing (a run of respo_trl < 0.3, or one without held-out points)."""
         if not os.path.isfile(self.curve_file):
             return
-        checkpoint = self.trainer._last_complete_checkpoint() if resume is True else str(resume)
+        if resume is True:  # the one the trainer resumes from (it reports what it skipped)
+            trainer = self.trainer
+            checkpoint = latest_complete_checkpoint(trainer.args.output_dir, trainer.accelerator.num_processes, lambda _: None)
+        else:
+            checkpoint = str(resume)
         match = re.search(r"checkpoint-(\d+)$", os.path.normpath(checkpoint))
         step = int(match.group(1)) if match else None
         with open(self.curve_file) as f:

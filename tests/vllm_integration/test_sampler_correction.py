@@ -38,8 +38,9 @@ def test_vllm_sampler_logprobs_reach_w_and_the_logged_weights(make_trainer, mode
     trainer = make_trainer(max_steps=1, vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=mode)
     model = trainer.accelerator.unwrap_model(trainer.model)
     sampled, coefficients, losses_inputs = {}, [], []
-    generate, gamma, compute_loss = (trainer.vllm_generation.generate, trainer._respo_gamma_weights,
-                                     trainer._compute_loss)  # fmt: skip
+    import respo_trl.trl_loss as loss_module
+
+    generate, weights, compute_loss = trainer.vllm_generation.generate, loss_module.respo_weights, trainer._compute_loss
 
     def generate_and_record(prompts, images, num_generations, profiler=None):
         output = generate(prompts, images, num_generations, profiler)
@@ -55,18 +56,22 @@ def test_vllm_sampler_logprobs_reach_w_and_the_logged_weights(make_trainer, mode
         trainer.vllm_importance_sampling_clip_min, trainer.vllm_importance_sampling_clip_max = bounds_between(ratios)
         return output
 
-    def gamma_and_record(*args, **kwargs):
-        coefficients.append(gamma(*args, **kwargs))
-        return coefficients[-1]
+    def weights_and_record(*args, **kwargs):  # what ReSPO's loss computed its coefficient with
+        result = weights(*args, **kwargs)
+        coefficients.append(result.coefficients)
+        return result
 
     def loss_and_record(model_, inputs):
         losses_inputs.append(inputs)
         return compute_loss(model_, inputs)
 
     trainer.vllm_generation.generate = generate_and_record
-    trainer._respo_gamma_weights = gamma_and_record
     trainer._compute_loss = loss_and_record
-    trainer.train()
+    loss_module.respo_weights = weights_and_record
+    try:
+        trainer.train()
+    finally:
+        loss_module.respo_weights = weights
 
     inputs, coef = losses_inputs[0], coefficients[0]
     low, high = trainer.vllm_importance_sampling_clip_min, trainer.vllm_importance_sampling_clip_max
