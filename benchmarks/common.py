@@ -106,7 +106,8 @@ def warm_start(model_kind: str, seed: int, extra: list[str], path: str) -> str:
         return path
     from respo_trl import recipe
 
-    script_args, _, _ = recipe.parse_args(["--tiny_model", model_kind, "--seed", str(seed), *extra])
+    # no RL runs here: parsed as TRL's dapo, so ReSPO's epochs warning does not speak for arms that may not run ReSPO
+    script_args, _, _ = recipe.parse_args(["--tiny_model", model_kind, "--seed", str(seed), *extra, "--loss_type", "dapo"])
     set_seed(seed)
     model, tokenizer = recipe.build_tiny(script_args, seed=seed)
     train, _ = recipe.build_datasets(script_args)

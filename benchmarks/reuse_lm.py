@@ -831,7 +831,7 @@ def main(argv=None) -> dict:
     # The recipe's defaults are the tiny preset; parse once here so bad overrides fail before any worker starts.
     from respo_trl import recipe
 
-    recipe.parse_args(["--tiny_model", "dense", *extra])
+    recipe.parse_args(["--tiny_model", "dense", *extra, *LOSS_ARGS[args.losses[0]]])  # as an arm parses them
 
     specs = arm_specs(args, extra, runs_dir, warm_dir, scratch, logs)
     results = {name: run for name, run in load_runs(runs_dir).items() if name in {s["name"] for s in specs}}

@@ -29,18 +29,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-SUM_ALONE = re.compile(r"\s*\d+\s*\+\s*\d+\s*=\s*-?\d+\.?\s*")
-SUM_FIRST = re.compile(r"\s*\d+\s*\+\s*\d+\s*=\s*-?\d+")
-NUMBER_ONLY = re.compile(r"\s*-?\d+\.?\s*")
-
-
-def shape(text: str) -> str:
-    if NUMBER_ONLY.fullmatch(text):
-        return "number only"
-    if SUM_ALONE.fullmatch(text):
-        return "a + b = c"
-    return "a + b = c, then text" if SUM_FIRST.match(text) else "other"
-
+from benchmarks.smollm2_task import shape
 
 def run_datasets(report: dict, train_problems: int):
     """(held-out rows, training rows) of the run, prompts built by the recipe's own code from its arguments."""

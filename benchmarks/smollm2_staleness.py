@@ -693,7 +693,59 @@ def summarize(runs: dict[str, dict], gate: dict | None) -> dict:
             entry[score] = {**diff, "reading": rule_reading(diff)}
         comparisons[f"{a} - {b}"] = entry
     return {"gate": gate, "updates": next(iter(runs.values()))["updates"] if runs else None, "arms": arms,
-            "comparisons": comparisons, "rule": {"margin_points": MARGIN, "confidence": 0.95, "seeds": list(SEEDS)}}  # fmt: skip
+            "comparisons": comparisons, "power": power(comparisons),
+            "answer_forms": {name: answer_forms(run["test"]["answers"]) for name, run in sorted(runs.items())
+                             if run.get("test", {}).get("answers")},
+            "rule": {"margin_points": MARGIN, "confidence": 0.95, "seeds": list(SEEDS)}}  # fmt: skip
+
+
+POWER = 0.80
+POWER_EFFECT = 5.0  # points: the paper's +4 to +6 late-score gain over the best baseline
+
+
+def rule_power(delta: float, sd: float, seeds: int, draws: int = 20_000, seed: int = 0) -> float:
+    """Chance that the pre-registered rule reads "holds" (mean paired difference >= MARGIN points and its 95% t
+    interval above 0) when the true difference is ``delta`` points and the per-seed paired differences have sd
+    ``sd``, over ``seeds`` seeds: simulated (normal differences, a fixed generator)."""
+    import torch
+
+    from benchmarks.common import t_quantile
+
+    gen = torch.Generator().manual_seed(seed)
+    diffs = delta + sd * torch.randn(draws, seeds, generator=gen, dtype=torch.float64)
+    mean, spread = diffs.mean(1), diffs.std(1)
+    lower = mean - t_quantile(seeds - 1) * spread / math.sqrt(seeds)
+    return ((mean >= MARGIN) & (lower > 0)).double().mean().item()
+
+
+def power(comparisons: dict) -> dict:
+    """For each comparison and score, from its per-seed paired differences: their sd, the smallest true difference
+    the rule detects with POWER probability at the seeds it has, and the seeds a POWER_EFFECT-point difference needs
+    (taking the sd as true; :func:`rule_power`)."""
+    out = {}
+    for name, entry in comparisons.items():
+        for score, diff in entry.items():
+            if diff.get("sd") is None:
+                continue
+            sd, seeds = diff["sd"], len(diff["seeds"])
+            detectable = next((d / 2 for d in range(0, 400) if rule_power(d / 2, sd, seeds) >= POWER), None)
+            needed = next((n for n in range(2, 301) if rule_power(POWER_EFFECT, sd, n) >= POWER), None)
+            out.setdefault(name, {})[score] = {"sd": sd, "seeds": seeds, "detectable_at_80pct": detectable,
+                                               "seeds_for_5_points": needed}  # fmt: skip
+    return out
+
+
+def answer_forms(answers: list) -> dict:
+    """The test answers' forms (``smollm2_task.shape``: a bare number, ``a + b = c`` alone, ``a + b = c`` then text,
+    other) and how often each is right: whether a gain is the answers' form or their sums."""
+    from benchmarks.smollm2_task import shape
+
+    forms: dict[str, dict] = {}
+    for _solution, completion, correct in answers:
+        row = forms.setdefault(shape(completion), {"n": 0, "right": 0})
+        row["n"] += 1
+        row["right"] += int(correct)
+    return {"n": len(answers), "forms": forms}
 
 
 def write_summary(args) -> dict:

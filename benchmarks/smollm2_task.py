@@ -7,6 +7,8 @@ outputs/smollm2-135m-instruct-q4``).
 
 from __future__ import annotations
 
+import re
+
 from respo_trl.builtin.task import ArithmeticTask
 
 MODEL = "outputs/smollm2-135m-instruct-q4"
@@ -128,3 +130,19 @@ def sequence_logps(model, samples: dict, pad_id: int, batch_size: int = 16) -> l
             logp = torch.log_softmax(logits.float() / TEMPERATURE, -1).gather(-1, ids[:, width:, None]).squeeze(-1)
             out.extend((logp * mask[:, width:]).sum(-1).tolist())
     return out
+
+
+# The answer forms of a sum (smollm2_answers, smollm2_staleness): what was learnt can be the form, not the sums.
+SUM_ALONE = re.compile(r"\s*\d+\s*\+\s*\d+\s*=\s*-?\d+\.?\s*")
+SUM_FIRST = re.compile(r"\s*\d+\s*\+\s*\d+\s*=\s*-?\d+")
+NUMBER_ONLY = re.compile(r"\s*-?\d+\.?\s*")
+
+
+def shape(text: str) -> str:
+    """The form of an answer to a two-term sum: a bare number, ``a + b = c`` alone, ``a + b = c`` followed by text,
+    or anything else (a trained SmolLM2 answers in the second form; the base model chats)."""
+    if NUMBER_ONLY.fullmatch(text):
+        return "number only"
+    if SUM_ALONE.fullmatch(text):
+        return "a + b = c"
+    return "a + b = c, then text" if SUM_FIRST.match(text) else "other"

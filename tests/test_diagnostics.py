@@ -243,3 +243,21 @@ def test_kept_first_pass_weight_drives_the_logged_coefficients_not_the_current_w
     torch.testing.assert_close(col["phi"], respo_kernel(used, adv))
     torch.testing.assert_close(col["mass"], respo_kernel(used, adv) * 5)
     assert not torch.allclose(col["phi"], respo_kernel(current, adv))
+
+
+@pytest.mark.parametrize("delta", [None, 1.5])
+def test_the_closed_form_clip_is_the_clipped_losss_derivative(delta):
+    """The clipped counterfactual (starvation/clip_*) in closed form equals the derivative of the registered ``ppo``
+    loss, including a zero advantage (the positive side), TRL's two-sided cap, the sampler ratio and (B, T) advantages."""
+    from respo_trl.diagnostics import clipped_coefficients
+
+    gen = torch.Generator().manual_seed(4)
+    log_ratio, mask = 0.4 * torch.randn(6, 9, generator=gen), (torch.rand(6, 9, generator=gen) > 0.2).float()
+    params = K.LossParams(epsilon_low=0.2, epsilon_high=0.28, delta=delta)
+    ratio = torch.rand(6, 9, generator=gen) + 0.5
+    for advantages in (torch.tensor([1.0, -1.0, 0.0, 2.0, -0.5, 0.0]), torch.randn(6, 9, generator=gen)):
+        for sampler in (None, ratio):
+            expected = K.gradient_coefficients("ppo", log_ratio, advantages, mask, params, sampler_ratio=sampler)
+            got = clipped_coefficients(log_ratio, advantages, mask, params, sampler)
+            torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
+            assert (got == 0).sum() > (mask == 0).sum()  # the clip does stop some tokens here
