@@ -35,13 +35,9 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from ..batching import updates_per_rollout
 from ..kernels import CONSTANT_KEYS, RESPO_DEFAULTS
 from ..paper import RESPO_CITATION, TRAINER_TAGS
+from ..run_files import CURVES_FILE, REPORT_FILE, RESULTS_JSON
 
 TEMPLATE = "hub/templates/model_card.md"  # package data of respo_trl
-# The files the card reads are named by the modules that write them: the evaluation table by
-# respo_trl.recipe.eval_math.report.RESULTS_JSON, the recipe's report by respo_trl.recipe.report.REPORT_FILE, imported
-# where they are read (the recipe imports this module, and this module imports without TRL). The curve plot is this
-# module's own file (render_card writes it; the recipe's report lists it).
-CURVES_FILE = "training_curves.png"
 CARD_TAGS = ("respo", "trl", "rlvr", "reinforcement-learning")
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 NOT_WEIGHTS = ("training_args.bin", "optimizer.bin", "scheduler.bin", "rng_state.bin")
@@ -124,8 +120,6 @@ def weights_fingerprint(model_dir: str | os.PathLike) -> str | None:
 
 def load_eval_report(output_dir: str | os.PathLike) -> tuple[dict | None, str | None]:
     """``(report, None)`` when ``eval_math.json`` in ``output_dir`` describes the weights there, else ``(None, why)``."""
-    from ..recipe.eval_math.report import RESULTS_JSON
-
     path = Path(output_dir) / RESULTS_JSON
     if not path.is_file():
         return None, None
@@ -212,8 +206,6 @@ def training_summary(log_history: list[dict]) -> list[tuple[str, str]]:
 
 def recipe_report(output_dir: Path) -> dict:
     """The recipe's ``report.json`` in ``output_dir`` (empty when the run did not come from the recipe)."""
-    from ..recipe.report import REPORT_FILE
-
     path = output_dir / REPORT_FILE
     return json.loads(path.read_text()) if path.is_file() else {}
 
@@ -607,18 +599,6 @@ def main(argv=None) -> str:
     card.save(out)
     print(f"wrote {out}")
     return out
-
-
-def __getattr__(name):
-    if name == "RESULTS_FILE":  # until 0.6 the card kept its own copy of the evaluator's file name
-        import warnings
-
-        from ..recipe.eval_math.report import RESULTS_JSON
-
-        warnings.warn("respo_trl.hub.card.RESULTS_FILE is respo_trl.recipe.eval_math.RESULTS_JSON since 0.6; the old "
-                      "name goes in 0.7", DeprecationWarning, stacklevel=2)  # fmt: skip
-        return RESULTS_JSON
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":

@@ -13,14 +13,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict
 
-REPORT_FILE = "report.json"  # every measured number, with the arguments (read by the model card and eval_math)
-CURVE_FILE = "heldout_curve.json"  # every held-out point as it is measured: a resumed run keeps the curve
-# every greedy held-out answer of each point, one JSON line per point ({"step", "answers"}), appended as measured: how a
-# policy fails (lengths, the form of wrong answers) is read here. After a resume a step may appear twice; the last wins.
-ANSWERS_FILE = "heldout_answers.jsonl"
-
 from ..batching import batch_plan
-from ..hub.card import CURVES_FILE
+from ..run_files import ANSWERS_FILE, CURVE_FILE, CURVES_FILE, REPORT_FILE
 
 
 def log_launch(script_args, training_args, world: int, logger) -> None:

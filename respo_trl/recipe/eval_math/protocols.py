@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..report import REPORT_FILE
+from ...run_files import REPORT_FILE
 
 logger = logging.getLogger("eval_math")
 
