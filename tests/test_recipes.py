@@ -267,11 +267,11 @@ def test_dry_run_prints_the_plan_for_the_process_count_it_names(recipe):
 def test_a_bare_dry_run_plans_for_the_launch(recipe, monkeypatch, capsys):
     """``--dry_run`` without a count (0.3: argparse's usage and 'expected one argument') takes the launch's process
     count; ``--help`` prints the full usage (0.3 refused it as an unknown option)."""
-    import respo_trl.recipe.args as args_module
+    import respo_trl.recipe.parsing as parsing
 
     assert recipe.parse_args(["--preset", "paper-qwen3-1.7b-base", "--dry_run"])[0].dry_run == 1  # no launcher; no GPU
     argv = ["--preset", "paper-qwen3-1.7b-base", "--use_cpu", "true", "--dry_run"]
-    monkeypatch.setattr(args_module, "launch_processes", lambda: 16)
+    monkeypatch.setattr(parsing, "launch_processes", lambda: 16)
     script, training, model = recipe.parse_args(argv + ["--seed", "3"])
     assert script.dry_run == 16 and training.seed == 3  # the bare flag does not swallow the next one
     plan = dict(line.split(None, 1) if line.startswith("processes") else ("", "") for line in

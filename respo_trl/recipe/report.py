@@ -198,7 +198,7 @@ class RunReport:
     def finish(self, train_result, sampled: bool, started: float) -> dict:
         """The training summary and times; then, on the main process, plots, ``report.json``, the model card and the
         summary table."""
-        from .evaluation import print_summary
+        from .heldout import print_summary
 
         self.data["training"] = training_summary(self.trainer, train_result, self.training_args, self.world, sampled)
         self.data["time_s"] = {**self.seconds, "total": time.time() - started}
