@@ -117,12 +117,18 @@ def test_no_arguments_is_the_tiny_cpu_preset_and_overrides_apply(recipe, tmp_pat
     assert script.dataset_name == "builtin:arithmetic" and script.warmstart_steps > 0
     script, training, _ = recipe.parse_args(["--seed", "3", "--num_iterations", "2", "--output_dir", "elsewhere"])
     assert (training.seed, training.num_iterations, training.output_dir) == (3, 2, "elsewhere")
-    with pytest.warns(FutureWarning, match="set num_iterations=2 instead"):  # the deprecated name overrides the preset
-        assert recipe.parse_args(["--respo_reuse", "2", "--output_dir", "elsewhere"])[1].num_iterations == 2
-    config = tmp_path / "old.yaml"  # a config file with the old name: --num_iterations on the command line decides
-    config.write_text("respo_reuse: 4\nuse_cpu: true\nbf16: false\ntiny_model: dense\n")
-    assert recipe.parse_args(["--config", str(config), "--num_iterations", "1", "--output_dir", "elsewhere"])[1].num_iterations == 1
     assert script.preset == "tiny-cpu"
+
+
+def test_renamed_options_are_refused_with_the_new_name_on_the_command_line_and_in_a_config_file(recipe, tmp_path):
+    """Epochs have one name, TRL's num_iterations: --respo_reuse, or a config file that still says respo_reuse, stops
+    in one line naming the option to set (not TRL's "arguments are not used" or did-you-mean)."""
+    with pytest.raises(RecipeError, match=r"^--respo_reuse was renamed --num_iterations \(TRL's name .*0\.7\)$"):
+        recipe.parse_args(["--respo_reuse", "2", "--output_dir", "elsewhere"])
+    config = tmp_path / "old.yaml"
+    config.write_text("respo_reuse: 4\nuse_cpu: true\nbf16: false\ntiny_model: dense\n")
+    with pytest.raises(RecipeError, match=r"^respo_reuse=4 was renamed num_iterations .*: set num_iterations=4 instead$"):
+        recipe.parse_args(["--config", str(config), "--num_iterations", "1", "--output_dir", "elsewhere"])
 
 
 def test_bad_preset_config_and_argument_names_fail_with_the_choices(recipe, tmp_path):
@@ -317,7 +323,7 @@ def test_overrides_that_break_the_papers_arithmetic_fail_at_parse_time(recipe, e
 
 
 def test_the_staleness_has_one_name_from_preset_to_trainer(recipe, capsys):
-    """0.3's recipe flag --updates_per_rollout was a second name of ReSPOConfig's respo_updates_per_rollout: it is
+    """The recipe's old flag --updates_per_rollout was a second name of ReSPOConfig's respo_updates_per_rollout: it is
     refused in one line naming the field; the field sets TRL's steps_per_generation once, in ReSPOConfig."""
     script, training, _ = paper_args(recipe, "paper-qwen3-1.7b-base", "--respo_updates_per_rollout", "32")
     assert training.respo_updates_per_rollout == 32 and training.steps_per_generation == 32 * 16
@@ -327,7 +333,7 @@ def test_the_staleness_has_one_name_from_preset_to_trainer(recipe, capsys):
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip() == ("error: --updates_per_rollout was renamed --respo_updates_per_rollout "
                                                 "(ReSPOConfig's field, the one name of the paper's staleness N from "
-                                                "preset to trainer)")  # fmt: skip
+                                                "preset to trainer; the old name is refused since respo_trl 0.4)")  # fmt: skip
 
 
 def test_consistent_explicit_overrides_are_accepted(recipe):

@@ -464,7 +464,7 @@ def render_card(
         ablation=ablation_note(args),
         whole_groups=bool(args.get("respo_whole_groups")),
         trust_mask=bool(args.get("respo_trust_mask_active")),
-        reuse=args.get("num_iterations") or args.get("respo_reuse") or 1,
+        reuse=args.get("num_iterations") or 1,
         updates_per_rollout=updates_per_rollout(args),
         hyperparameters=hyperparameters(args),
         training_summary=training_summary(log_history),
