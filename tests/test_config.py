@@ -142,6 +142,16 @@ def test_renamed_fields_are_refused_naming_the_new_one(configs, tmp_path):
         build(configs, tmp_path, respo_reuze=4)
 
 
+def test_every_renamed_option_points_to_a_field_that_exists(configs):
+    """respo_trl._compat's tables name live replacements, and no old name is still accepted under its own name."""
+    from respo_trl._compat import RENAMED_OPTIONS, RENAMED_VERL_KEYS
+    from respo_trl.kernels import CONSTANT_KEYS  # the verl plugin's config keys are ReSPOConfig's constant fields
+
+    fields = set(configs[0].__dataclass_fields__)
+    assert all(renamed.new in fields and old not in fields for old, renamed in RENAMED_OPTIONS.items())
+    assert all(renamed.new in CONSTANT_KEYS and old not in fields for old, renamed in RENAMED_VERL_KEYS.items())
+
+
 def test_upgrade_plain_grpo_config_keeps_its_settings(configs, tmp_path):
     ReSPOConfig, GRPOConfig = configs
     plain = GRPOConfig(output_dir=str(tmp_path), **{**CPU_ARGS, "num_iterations": 3, "beta": 0.04, "epsilon_high": 0.28})

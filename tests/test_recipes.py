@@ -120,6 +120,15 @@ def test_no_arguments_is_the_tiny_cpu_preset_and_overrides_apply(recipe, tmp_pat
     assert script.preset == "tiny-cpu"
 
 
+def test_every_renamed_preset_and_flag_points_to_one_that_exists(recipe):
+    from respo_trl._compat import RENAMED_OPTIONS, RENAMED_PRESETS
+    from respo_trl.recipe.parsing import known_flags
+
+    presets, flags = set(recipe.available_presets()), set(known_flags())
+    assert all(renamed.new in presets and old not in presets for old, renamed in RENAMED_PRESETS.items())
+    assert all(renamed.new in flags and old not in flags for old, renamed in RENAMED_OPTIONS.items())
+
+
 def test_renamed_options_are_refused_with_the_new_name_on_the_command_line_and_in_a_config_file(recipe, tmp_path):
     """Epochs have one name, TRL's num_iterations: --respo_reuse, or a config file that still says respo_reuse, stops
     in one line naming the option to set (not TRL's "arguments are not used" or did-you-mean)."""
