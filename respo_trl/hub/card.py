@@ -2,9 +2,11 @@
 
 Why a card of our own instead of TRL's default: a ReSPO checkpoint is only reproducible and comparable with the
 kernel parameters (``respo_alpha_pos`` ... ``respo_trust_mask``), the policy loss, the rollout-reuse factor, the
-library versions, and its benchmark table; TRL's card records none of them. ``ReSPOTrainer.create_model_card``
-(called by TRL on every checkpoint save and by ``push_to_hub``) delegates to :func:`write_trainer_card`; the template
-is package data (``respo_trl/hub/templates/model_card.md``) so installed trainers find it.
+library versions, and its benchmark table; TRL's card records none of them. A trainer whose ``card_writer`` is
+:func:`write_trainer_card` (the recipe sets it) writes this card wherever transformers writes one (every checkpoint
+save, ``push_to_hub``); without it ``ReSPOTrainer`` writes TRL's own card. The template is package data
+(``respo_trl/hub/templates/model_card.md``) so installed trainers find it; the names of the files the card reads and
+writes are :mod:`respo_trl.run_files`'.
 
 Only measured numbers reach a card:
 
@@ -491,7 +493,8 @@ def training_example(dataset) -> list[dict] | None:
 
 
 def built_here(model) -> bool:
-    """Whether the model was built in memory (the demo's tiny models): no Hub id and no directory it came from."""
+    """Whether the model was built in memory (the default run's tiny models): no Hub id and no directory it came
+    from."""
     config = getattr(model, "config", None)
     name = getattr(config, "_name_or_path", "") if config is not None else ""
     return bool(name) and not os.path.isdir(name) and not HUB_ID.match(name)

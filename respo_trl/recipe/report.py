@@ -1,7 +1,8 @@
 """What a recipe run leaves in its ``output_dir``, written here and nowhere else: ``report.json`` (every measured
 number, with the arguments), ``heldout_curve.json`` (the held-out points as they are measured, so a resumed run keeps
 its curve), the plots, the model card and the summary table (:class:`RunReport`); plus the one-line messages for a
-launch that does not match its preset."""
+launch that does not match its preset. The file names are :mod:`respo_trl.run_files`', where their readers (the model
+card, ``eval_math``) find them too."""
 
 from __future__ import annotations
 
