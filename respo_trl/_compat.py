@@ -24,19 +24,23 @@ class Renamed(NamedTuple):
 
 # ReSPOConfig's keyword arguments, the recipe's flags and the keys of its config files (the same names).
 RENAMED_OPTIONS = {
-    "updates_per_rollout": Renamed("respo_updates_per_rollout", "0.4", "ReSPOConfig's field, the one name of the "
-                                   "paper's staleness N from preset to trainer"),
+    "updates_per_rollout": Renamed(
+        "respo_updates_per_rollout",
+        "0.4",
+        "ReSPOConfig's field, the one name of the paper's staleness N from preset to trainer",
+    ),
     "respo_reuse": Renamed("num_iterations", "0.7", "TRL's name for the same setting: epochs over each rollout batch"),
 }
 # --preset names.
+EPOCHS_PRESETS_WHY = (
+    "R = 4 epochs on the post-trained model; the ReSPO paper's runs are paper-qwen3-1.7b-base and "
+    "paper-qwen3-30b-a3b-base"
+)
 RENAMED_PRESETS = {
-    **{
-        f"qwen3-{size}": Renamed(f"qwen3-{size}-epochs4", "0.2", "R = 4 epochs on the post-trained model; the ReSPO "
-                                 "paper's runs are paper-qwen3-1.7b-base and paper-qwen3-30b-a3b-base")  # fmt: skip
-        for size in ("0.6b", "1.7b", "4b", "8b", "14b", "30b-a3b")
-    },
+    **{f"qwen3-{size}": Renamed(f"qwen3-{size}-epochs4", "0.2", EPOCHS_PRESETS_WHY)
+       for size in ("0.6b", "1.7b", "4b", "8b", "14b", "30b-a3b")},
     "tiny_cpu": Renamed("tiny-cpu", "0.3", "every preset name uses dashes"),
-}
+}  # fmt: skip
 # Keys of verl's actor_rollout_ref.actor.policy_loss (respo_trl.integrations.verl): ReSPOConfig's names in TRL and verl.
 RENAMED_VERL_KEYS = {
     "respo_lam_pos": Renamed("respo_lambda_pos", "0.7", "ReSPOConfig's name, one spelling in TRL and verl"),

@@ -21,6 +21,7 @@ from .arguments import ALGORITHMS, LAUNCH_PROCESSES, RecipeArguments, RecipeErro
 from .checks import check_model_path, validate_args
 from .presets import PRESETS_DIR, resolve_argv
 
+
 class RecipeParser(TrlParser):
     """``TrlParser`` whose own errors (a flag without its value, a value of the wrong type) are one line, like every
     other refusal: argparse prints the whole usage first (~270 lines with TRL's fields); ``--help`` still does."""
