@@ -71,7 +71,8 @@ LOSS_ARGS = {
     "gspo": ["--loss_type", "grpo", "--importance_sampling_level", "sequence", "--epsilon", "3e-4", "--epsilon_high", "4e-4"],
     "vespo": ["--loss_type", "vespo"],
     "respo": ["--loss_type", "respo"],
-    # the paper's kernel without the directional token trust mask under epochs (what 0.2's default turns on)
+    # the paper's kernel without the directional token trust mask, which the default (respo_trust_mask="auto") turns on
+    # under epochs
     "respo_nomask": ["--loss_type", "respo", "--respo_trust_mask", "none"],
     # the directional token trust mask forced on when each sample is used once (the default turns it on for epochs only)
     "respo_mask": ["--loss_type", "respo", "--respo_trust_mask", "directional"],
@@ -83,7 +84,7 @@ LOSS_ARGS = {
     "respo_neg1": ["--loss_type", "respo", "--respo_beta_neg", "0"],
     # both: phi = 1, only the trust mask (under epochs) remains of ReSPO's loss
     "respo_flat": ["--loss_type", "respo", "--respo_beta_pos", "0", "--respo_beta_neg", "0"],
-    # under epochs: phi at each sample's first-pass W (respo_epoch_weight), or at the current W (0.5's behaviour)
+    # under epochs: phi at each sample's first-pass W (respo_epoch_weight), or at the current W (the default)
     "respo_first": ["--loss_type", "respo", "--respo_epoch_weight", "first_pass"],
     "respo_current": ["--loss_type", "respo", "--respo_epoch_weight", "current"],
 }

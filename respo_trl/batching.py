@@ -111,8 +111,7 @@ def batch_plan(args, num_processes: int, sampled_eval: bool = False) -> dict:
     """
     per_device, accumulation = _get(args, "per_device_train_batch_size"), _get(args, "gradient_accumulation_steps")
     steps_per_generation, generations = _get(args, "steps_per_generation"), _get(args, "num_generations")
-    reuse = _get(args, "respo_reuse", None)  # the deprecated alias, when a raw config still carries it
-    epochs = max(_get(args, "num_iterations", 1), reuse or 1)
+    epochs = _get(args, "num_iterations", 1)
     max_steps = _get(args, "max_steps")
     generation_batch = per_device * num_processes * steps_per_generation
     problems = []

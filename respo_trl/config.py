@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from ._compat import RENAMED_OPTIONS, refuse_renamed
 from .batching import steps_from_updates
 from .kernels import BRANCH_KINDS, CONSTANT_KEYS, RESPO_DEFAULTS, TRL_LOSS_TYPES, check_constant
 from .routing_replay import config_problems
@@ -105,10 +106,6 @@ class ReSPOConfig(GRPOConfig):
             The paper's ``N``: optimizer updates fed by one rollout batch, each sample used once (mini-batch ``k`` is
             ``k`` updates stale). Sets ``steps_per_generation = N x gradient_accumulation_steps``; leave unset to use
             TRL's ``steps_per_generation`` / ``generation_batch_size`` directly.
-        respo_reuse (`int`, *optional*):
-            Deprecated (0.6; removed in 0.7): TRL's ``num_iterations`` under another name (epochs ``R``, optimizer
-            passes over each rollout batch). Setting it warns once and sets ``num_iterations``; setting both to
-            different values is an error. After construction it is ``None`` (read ``num_iterations``).
         respo_reshuffle (`bool`, *optional*):
             Draw a new mini-batch composition on every reuse pass. Unset: on for ``loss_type="respo"``, off for TRL's
             losses (TRL replays the same mini-batches, and a baseline must train exactly as TRL trains it).
@@ -250,10 +247,6 @@ class ReSPOConfig(GRPOConfig):
             "steps_per_generation = N x gradient_accumulation_steps."
         },
     )
-    respo_reuse: int | None = field(
-        default=None,
-        metadata={"help": "Deprecated: use num_iterations (the same setting, epochs R over each rollout batch)."},
-    )
     respo_reshuffle: bool | None = field(
         default=None,
         metadata={
@@ -306,12 +299,17 @@ class ReSPOConfig(GRPOConfig):
         },
     )
 
+    def __new__(cls, *args, **kwargs):
+        # A renamed field (respo_trl._compat) is refused with its new name before the dataclass's __init__ would
+        # refuse it as an "unexpected keyword argument".
+        refuse_renamed(kwargs, RENAMED_OPTIONS)
+        return super().__new__(cls)
+
     def __post_init__(self):
         # ReSPO's own checks first: a bad ReSPO value is reported even where TRL/transformers would fail first on
         # something else (e.g. bf16 on a CPU).
         check_loss_type(self.loss_type)
         self._apply_updates_per_rollout()
-        self._reconcile_reuse()
         self.validate_respo()
         super().__post_init__()
         self.check_adaptive_batching()  # needs TRL's resolved steps_per_generation
@@ -334,25 +332,6 @@ class ReSPOConfig(GRPOConfig):
                 " was also set: set only one of them."
             )
         self.steps_per_generation = steps
-
-    def _reconcile_reuse(self) -> None:
-        iterations = _positive_int("num_iterations", self.num_iterations)
-        if self.respo_reuse is not None:  # the deprecated alias: warn, then it sets num_iterations
-            reuse = _positive_int("respo_reuse", self.respo_reuse)
-            warnings.warn(
-                f"respo_reuse={reuse} is deprecated and goes in respo_trl 0.7: set num_iterations={reuse} instead "
-                "(TRL's name for the same setting, epochs over each rollout batch)",
-                FutureWarning,
-                stacklevel=4,
-            )
-            if reuse != 1 and iterations != 1 and reuse != iterations:
-                raise ValueError(
-                    f"respo_reuse={reuse} and num_iterations={iterations} disagree: they are the same setting "
-                    "(optimizer passes per rollout batch). Set only num_iterations."
-                )
-            iterations = max(reuse, iterations)
-        # one name from here on: the alias is cleared, so a copy of this config (dataclasses.replace) never meets it
-        self.num_iterations, self.respo_reuse = iterations, None
 
     def validate_respo(self) -> None:
         """Check the ReSPO fields (also used when a plain ``GRPOConfig`` is upgraded)."""
@@ -500,10 +479,10 @@ class ReSPOConfig(GRPOConfig):
         re-running it would reject them; the values are copied as they are and only the ReSPO checks run. Nothing
         TRL accepts is refused: see :func:`respo_notes` for what ReSPO does with TRL's importance-sampling settings.
         """
+        refuse_renamed(overrides, RENAMED_OPTIONS)
         upgraded = cls.__new__(cls)
         upgraded.__dict__.update(args.__dict__)  # ReSPO's own fields keep their class defaults (no default_factory)
         upgraded.loss_type = "respo"
-        upgraded.respo_reuse = None  # epochs have one name: num_iterations
         upgraded.__dict__.update(overrides)
         upgraded.validate_respo()
         upgraded.check_adaptive_batching()

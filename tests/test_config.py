@@ -1,4 +1,5 @@
-"""ReSPOConfig: defaults, the reuse alias, upgrading a GRPOConfig, and a clear error for every bad value."""
+"""ReSPOConfig: defaults, renamed fields refused with the new name, upgrading a GRPOConfig, and a clear error for
+every bad value."""
 
 import pytest
 from conftest import CPU_ARGS
@@ -23,7 +24,7 @@ def test_defaults(configs, tmp_path):
     assert args.loss_type == "respo"
     fields = ("alpha_pos", "beta_pos", "lambda_pos", "alpha_neg", "beta_neg", "lambda_neg")
     assert tuple(getattr(args, f"respo_{f}") for f in fields) == (2.0, 0.5, 2.0, 1.0, 0.5, 2.0)  # the paper's
-    assert args.num_iterations == 1 and args.respo_reuse is None  # one name for epochs (0.6)
+    assert args.num_iterations == 1 and not hasattr(args, "respo_reuse")  # one name for epochs: TRL's
     assert args.kernel_constants == {"alpha_pos": 2.0, "beta_pos": 0.5, "lam_pos": 2.0, "alpha_neg": 1.0,
                                      "beta_neg": 0.5, "lam_neg": 2.0}
     from respo_trl.kernels import CONSTANT_KEYS  # the one map, shared with the verl plugin's config keys
@@ -77,7 +78,7 @@ def test_every_respo_field_has_help_text(configs):
         ("respo_lambda_pos", -1.0, "respo_lambda_pos"),
         ("respo_alpha_neg", float("nan"), "respo_alpha_neg"),
         ("respo_lambda_neg", float("inf"), "respo_lambda_neg"),
-        ("respo_reuse", 0, "respo_reuse"),
+        ("num_iterations", 0, "num_iterations"),
         ("respo_min_ess", 0.0, "respo_min_ess"),
         ("respo_min_ess", 2.0, "respo_min_ess"),
         ("respo_min_ess", 1.01, "respo_min_ess"),
@@ -124,20 +125,31 @@ def test_respo_errors_come_before_trls(configs, tmp_path):
         configs[0](output_dir=str(tmp_path), respo_beta_pos=2.0)  # bf16 defaults on: TRL would fail too
 
 
-def test_respo_reuse_is_a_deprecated_name_of_num_iterations(configs, tmp_path):
-    """0.6: epochs have one name, TRL's num_iterations; respo_reuse still works for a release and says what to use."""
-    import warnings
+def test_renamed_fields_are_refused_naming_the_new_one(configs, tmp_path):
+    """Epochs have one name, TRL's num_iterations: a config that still says respo_reuse (or the recipe's old
+    updates_per_rollout) is refused in one line naming the field to set, not as an unexpected keyword argument, in
+    the constructor and in from_grpo_config; a misspelt field stays Python's own TypeError."""
+    ReSPOConfig, GRPOConfig = configs
+    expected = r"^respo_reuse=4 was renamed num_iterations \(TRL's name .*\): set num_iterations=4 instead$"
+    with pytest.raises(ValueError, match=expected):
+        build(configs, tmp_path, respo_reuse=4)
+    with pytest.raises(ValueError, match="updates_per_rollout=8 was renamed respo_updates_per_rollout"):
+        build(configs, tmp_path, updates_per_rollout=8)
+    plain = GRPOConfig(output_dir=str(tmp_path), **CPU_ARGS)
+    with pytest.raises(ValueError, match=expected):
+        ReSPOConfig.from_grpo_config(plain, respo_reuse=4)
+    with pytest.raises(TypeError, match="respo_reuze"):
+        build(configs, tmp_path, respo_reuze=4)
 
-    with pytest.warns(FutureWarning, match=r"respo_reuse=4 is deprecated .* set num_iterations=4 instead"):
-        assert build(configs, tmp_path, respo_reuse=4).num_iterations == 4
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the field's own name never warns
-        assert build(configs, tmp_path, num_iterations=3, learning_rate=1e-5).respo_reuse is None  # one name
-    with pytest.warns(FutureWarning):
-        assert build(configs, tmp_path, num_iterations=2, respo_reuse=2).num_iterations == 2
-    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="respo_reuse=4 and num_iterations=2 disagree"):
-        build(configs, tmp_path, num_iterations=2, respo_reuse=4)
 
+def test_every_renamed_option_points_to_a_field_that_exists(configs):
+    """respo_trl._compat's tables name live replacements, and no old name is still accepted under its own name."""
+    from respo_trl._compat import RENAMED_OPTIONS, RENAMED_VERL_KEYS
+    from respo_trl.kernels import CONSTANT_KEYS  # the verl plugin's config keys are ReSPOConfig's constant fields
+
+    fields = set(configs[0].__dataclass_fields__)
+    assert all(renamed.new in fields and old not in fields for old, renamed in RENAMED_OPTIONS.items())
+    assert all(renamed.new in CONSTANT_KEYS and old not in fields for old, renamed in RENAMED_VERL_KEYS.items())
 
 
 def test_upgrade_plain_grpo_config_keeps_its_settings(configs, tmp_path):
@@ -145,7 +157,7 @@ def test_upgrade_plain_grpo_config_keeps_its_settings(configs, tmp_path):
     plain = GRPOConfig(output_dir=str(tmp_path), **{**CPU_ARGS, "num_iterations": 3, "beta": 0.04, "epsilon_high": 0.28})
     upgraded = ReSPOConfig.from_grpo_config(plain)
     assert isinstance(upgraded, ReSPOConfig)
-    assert upgraded.loss_type == "respo" and upgraded.respo_reuse is None and upgraded.num_iterations == 3
+    assert upgraded.loss_type == "respo" and upgraded.num_iterations == 3
     assert upgraded.beta == 0.04 and upgraded.epsilon_high == 0.28
     assert upgraded.generation_batch_size == plain.generation_batch_size
     assert upgraded.respo_alpha_pos == 2.0

@@ -177,12 +177,10 @@ def test_benchmark_names_resolve(eval_math):
 
 
 def test_the_evaluators_error_is_the_recipes(eval_math):
-    """One error type for bad input in the recipe and the evaluator; 0.5's name stays one release, deprecated."""
+    """One error type for bad input in the recipe and the evaluator (the evaluator's own UsageError is gone)."""
     from respo_trl.recipe import RecipeError
 
-    assert eval_math.RecipeError is RecipeError
-    with pytest.warns(DeprecationWarning, match="UsageError is RecipeError"):
-        assert eval_math.UsageError is RecipeError
+    assert eval_math.RecipeError is RecipeError and not hasattr(eval_math, "UsageError")
 
 
 def test_local_files_map_to_the_common_schema(eval_math, tmp_path):

@@ -11,7 +11,7 @@ from huggingface_hub import EvalResult, ModelCard
 
 from respo_trl.builtin.tiny_model import tiny_qwen3
 from respo_trl.hub.card import card_from_output_dir, main, weights_fingerprint
-from respo_trl.recipe.eval_math import RESULTS_JSON  # the file the card reads, named by its writer
+from respo_trl.run_files import RESULTS_JSON  # the file the card reads, named where its writer names it
 
 
 def section(card: str, title: str) -> str:
@@ -174,14 +174,51 @@ def test_eval_table_and_model_index_only_for_the_weights_evaluated(trained):
     (output_dir / RESULTS_JSON).unlink()
 
 
-def test_the_card_reads_output_names_from_their_writers():
-    """The card has no copy of the evaluator's or the recipe's file names (0.5's RESULTS_FILE stays one release)."""
-    import respo_trl.hub.card as card
-    from respo_trl.recipe.report import REPORT_FILE
+def imported_modules(path: Path, package: str) -> set[str]:
+    """Every module ``path`` imports (at any depth, relative imports resolved against ``package``)."""
+    import ast
 
-    assert "eval_math.json" == RESULTS_JSON and REPORT_FILE == "report.json"
-    with pytest.warns(DeprecationWarning, match="RESULTS_FILE is respo_trl.recipe.eval_math.RESULTS_JSON"):
-        assert card.RESULTS_FILE == RESULTS_JSON
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found.update([module] if node.module else [f"{module}.{alias.name}" for alias in node.names])
+    return found
+
+
+def test_the_hub_side_imports_nothing_from_the_recipe():
+    """The recipe imports the card to write it; the card reads the recipe's and the evaluator's files by the names in
+    respo_trl.run_files, so respo_trl.hub imports nothing from respo_trl.recipe (no import circle) and run_files
+    imports nothing at all."""
+    import respo_trl
+    import respo_trl.hub.card as card
+    import respo_trl.recipe.eval_math.report as eval_report
+    import respo_trl.recipe.report as recipe_report
+    from respo_trl import run_files
+
+    root = Path(respo_trl.__file__).parent
+    modules = sorted((root / "hub").rglob("*.py"))
+    assert {m.name for m in modules} >= {"__init__.py", "card.py", "push.py"}
+    for module in modules:
+        package = ".".join(["respo_trl", *module.relative_to(root).parent.parts])
+        into_recipe = sorted(m for m in imported_modules(module, package) if m.split(".")[:2] == ["respo_trl", "recipe"])
+        assert not into_recipe, f"{module.relative_to(root)} imports {into_recipe}"
+    assert imported_modules(root / "run_files.py", "respo_trl") == set()
+    assert (card.REPORT_FILE, card.RESULTS_JSON, card.CURVES_FILE) == (
+        run_files.REPORT_FILE, run_files.RESULTS_JSON, run_files.CURVES_FILE)  # fmt: skip
+    assert recipe_report.REPORT_FILE is run_files.REPORT_FILE and eval_report.RESULTS_JSON is run_files.RESULTS_JSON
+
+
+def test_imported_modules_sees_relative_and_nested_imports(tmp_path):
+    """The layering check above must see the imports a module hides inside functions, relative or absolute."""
+    source = tmp_path / "m.py"
+    source.write_text("import os\nfrom ..recipe.report import X\ndef f():\n    from ...run_files import Y\n"
+                      "    from . import card\n    import respo_trl.recipe\n")
+    assert imported_modules(source, "respo_trl.hub.sub") == {
+        "os", "respo_trl.hub.recipe.report", "respo_trl.run_files", "respo_trl.hub.sub.card", "respo_trl.recipe"}
 
 
 def test_cli_rebuilds_the_card_from_an_output_dir(trained, tmp_path):

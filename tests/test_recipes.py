@@ -117,12 +117,27 @@ def test_no_arguments_is_the_tiny_cpu_preset_and_overrides_apply(recipe, tmp_pat
     assert script.dataset_name == "builtin:arithmetic" and script.warmstart_steps > 0
     script, training, _ = recipe.parse_args(["--seed", "3", "--num_iterations", "2", "--output_dir", "elsewhere"])
     assert (training.seed, training.num_iterations, training.output_dir) == (3, 2, "elsewhere")
-    with pytest.warns(FutureWarning, match="set num_iterations=2 instead"):  # the deprecated name overrides the preset
-        assert recipe.parse_args(["--respo_reuse", "2", "--output_dir", "elsewhere"])[1].num_iterations == 2
-    config = tmp_path / "old.yaml"  # a config file with the old name: --num_iterations on the command line decides
-    config.write_text("respo_reuse: 4\nuse_cpu: true\nbf16: false\ntiny_model: dense\n")
-    assert recipe.parse_args(["--config", str(config), "--num_iterations", "1", "--output_dir", "elsewhere"])[1].num_iterations == 1
     assert script.preset == "tiny-cpu"
+
+
+def test_every_renamed_preset_and_flag_points_to_one_that_exists(recipe):
+    from respo_trl._compat import RENAMED_OPTIONS, RENAMED_PRESETS
+    from respo_trl.recipe.parsing import known_flags
+
+    presets, flags = set(recipe.available_presets()), set(known_flags())
+    assert all(renamed.new in presets and old not in presets for old, renamed in RENAMED_PRESETS.items())
+    assert all(renamed.new in flags and old not in flags for old, renamed in RENAMED_OPTIONS.items())
+
+
+def test_renamed_options_are_refused_with_the_new_name_on_the_command_line_and_in_a_config_file(recipe, tmp_path):
+    """Epochs have one name, TRL's num_iterations: --respo_reuse, or a config file that still says respo_reuse, stops
+    in one line naming the option to set (not TRL's "arguments are not used" or did-you-mean)."""
+    with pytest.raises(RecipeError, match=r"^--respo_reuse was renamed --num_iterations \(TRL's name .*0\.7\)$"):
+        recipe.parse_args(["--respo_reuse", "2", "--output_dir", "elsewhere"])
+    config = tmp_path / "old.yaml"
+    config.write_text("respo_reuse: 4\nuse_cpu: true\nbf16: false\ntiny_model: dense\n")
+    with pytest.raises(RecipeError, match=r"^respo_reuse=4 was renamed num_iterations .*: set num_iterations=4 instead$"):
+        recipe.parse_args(["--config", str(config), "--num_iterations", "1", "--output_dir", "elsewhere"])
 
 
 def test_bad_preset_config_and_argument_names_fail_with_the_choices(recipe, tmp_path):
@@ -267,11 +282,11 @@ def test_dry_run_prints_the_plan_for_the_process_count_it_names(recipe):
 def test_a_bare_dry_run_plans_for_the_launch(recipe, monkeypatch, capsys):
     """``--dry_run`` without a count (0.3: argparse's usage and 'expected one argument') takes the launch's process
     count; ``--help`` prints the full usage (0.3 refused it as an unknown option)."""
-    import respo_trl.recipe.args as args_module
+    import respo_trl.recipe.parsing as parsing
 
     assert recipe.parse_args(["--preset", "paper-qwen3-1.7b-base", "--dry_run"])[0].dry_run == 1  # no launcher; no GPU
     argv = ["--preset", "paper-qwen3-1.7b-base", "--use_cpu", "true", "--dry_run"]
-    monkeypatch.setattr(args_module, "launch_processes", lambda: 16)
+    monkeypatch.setattr(parsing, "launch_processes", lambda: 16)
     script, training, model = recipe.parse_args(argv + ["--seed", "3"])
     assert script.dry_run == 16 and training.seed == 3  # the bare flag does not swallow the next one
     plan = dict(line.split(None, 1) if line.startswith("processes") else ("", "") for line in
@@ -317,7 +332,7 @@ def test_overrides_that_break_the_papers_arithmetic_fail_at_parse_time(recipe, e
 
 
 def test_the_staleness_has_one_name_from_preset_to_trainer(recipe, capsys):
-    """0.3's recipe flag --updates_per_rollout was a second name of ReSPOConfig's respo_updates_per_rollout: it is
+    """The recipe's old flag --updates_per_rollout was a second name of ReSPOConfig's respo_updates_per_rollout: it is
     refused in one line naming the field; the field sets TRL's steps_per_generation once, in ReSPOConfig."""
     script, training, _ = paper_args(recipe, "paper-qwen3-1.7b-base", "--respo_updates_per_rollout", "32")
     assert training.respo_updates_per_rollout == 32 and training.steps_per_generation == 32 * 16
@@ -327,7 +342,7 @@ def test_the_staleness_has_one_name_from_preset_to_trainer(recipe, capsys):
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip() == ("error: --updates_per_rollout was renamed --respo_updates_per_rollout "
                                                 "(ReSPOConfig's field, the one name of the paper's staleness N from "
-                                                "preset to trainer)")  # fmt: skip
+                                                "preset to trainer; the old name is refused since respo_trl 0.4)")  # fmt: skip
 
 
 def test_consistent_explicit_overrides_are_accepted(recipe):

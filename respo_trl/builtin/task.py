@@ -12,7 +12,7 @@ completion works left to right, one partial result per step, then boxes the answ
     completion:  47-8=39,39+25=64 \\boxed{64}
 
 The split is by a CRC32 hash bucket, so the sets are disjoint by construction, for any seed and any size, on every
-process. By default the bucket is the expression string's (train/test, as the demo has always split). With
+process. By default the bucket is the expression string's (train/test: the default run's split). With
 ``split_by="canonical"`` it is the problem's canonical form (its multiset of signed terms: ``7+7+1``, ``1+7+7`` and
 ``7+1+7`` are one problem), and ``validation_fraction`` carves a third set out of the training buckets: train,
 validation and test then share no problem, not even a commuted or re-ordered twin (:func:`check_disjoint`). The
@@ -132,7 +132,8 @@ class ArithmeticTask:
     def split_of(self, expression: str) -> str:
         """The split whose hash buckets hold ``expression`` (its canonical form's, with ``split_by="canonical"``):
         ``"test"`` for the first ``test_fraction`` of buckets, ``"validation"`` for the next ``validation_fraction``,
-        ``"train"`` for the rest. With ``validation_fraction=0`` the test buckets are the demo's as they always were.
+        ``"train"`` for the rest. The test buckets come first, so carving a validation split out of the training
+        buckets leaves the test set as it is: runs with and without a validation split share their test problems.
         With ``split_by="answer"`` the canonical forms are stratified by answer (:func:`answer_strata`)."""
         if self.split_by == "answer":
             return answer_strata(self.min_terms, self.max_terms, self.min_operand, self.max_operand,

@@ -2,9 +2,11 @@
 
 Why a card of our own instead of TRL's default: a ReSPO checkpoint is only reproducible and comparable with the
 kernel parameters (``respo_alpha_pos`` ... ``respo_trust_mask``), the policy loss, the rollout-reuse factor, the
-library versions, and its benchmark table; TRL's card records none of them. ``ReSPOTrainer.create_model_card``
-(called by TRL on every checkpoint save and by ``push_to_hub``) delegates to :func:`write_trainer_card`; the template
-is package data (``respo_trl/hub/templates/model_card.md``) so installed trainers find it.
+library versions, and its benchmark table; TRL's card records none of them. A trainer whose ``card_writer`` is
+:func:`write_trainer_card` (the recipe sets it) writes this card wherever transformers writes one (every checkpoint
+save, ``push_to_hub``); without it ``ReSPOTrainer`` writes TRL's own card. The template is package data
+(``respo_trl/hub/templates/model_card.md``) so installed trainers find it; the names of the files the card reads and
+writes are :mod:`respo_trl.run_files`'.
 
 Only measured numbers reach a card:
 
@@ -35,13 +37,9 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from ..batching import updates_per_rollout
 from ..kernels import CONSTANT_KEYS, RESPO_DEFAULTS
 from ..paper import RESPO_CITATION, TRAINER_TAGS
+from ..run_files import CURVES_FILE, REPORT_FILE, RESULTS_JSON
 
 TEMPLATE = "hub/templates/model_card.md"  # package data of respo_trl
-# The files the card reads are named by the modules that write them: the evaluation table by
-# respo_trl.recipe.eval_math.report.RESULTS_JSON, the recipe's report by respo_trl.recipe.report.REPORT_FILE, imported
-# where they are read (the recipe imports this module, and this module imports without TRL). The curve plot is this
-# module's own file (render_card writes it; the recipe's report lists it).
-CURVES_FILE = "training_curves.png"
 CARD_TAGS = ("respo", "trl", "rlvr", "reinforcement-learning")
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 NOT_WEIGHTS = ("training_args.bin", "optimizer.bin", "scheduler.bin", "rng_state.bin")
@@ -124,8 +122,6 @@ def weights_fingerprint(model_dir: str | os.PathLike) -> str | None:
 
 def load_eval_report(output_dir: str | os.PathLike) -> tuple[dict | None, str | None]:
     """``(report, None)`` when ``eval_math.json`` in ``output_dir`` describes the weights there, else ``(None, why)``."""
-    from ..recipe.eval_math.report import RESULTS_JSON
-
     path = Path(output_dir) / RESULTS_JSON
     if not path.is_file():
         return None, None
@@ -212,8 +208,6 @@ def training_summary(log_history: list[dict]) -> list[tuple[str, str]]:
 
 def recipe_report(output_dir: Path) -> dict:
     """The recipe's ``report.json`` in ``output_dir`` (empty when the run did not come from the recipe)."""
-    from ..recipe.report import REPORT_FILE
-
     path = output_dir / REPORT_FILE
     return json.loads(path.read_text()) if path.is_file() else {}
 
@@ -472,7 +466,7 @@ def render_card(
         ablation=ablation_note(args),
         whole_groups=bool(args.get("respo_whole_groups")),
         trust_mask=bool(args.get("respo_trust_mask_active")),
-        reuse=args.get("num_iterations") or args.get("respo_reuse") or 1,
+        reuse=args.get("num_iterations") or 1,
         updates_per_rollout=updates_per_rollout(args),
         hyperparameters=hyperparameters(args),
         training_summary=training_summary(log_history),
@@ -499,7 +493,8 @@ def training_example(dataset) -> list[dict] | None:
 
 
 def built_here(model) -> bool:
-    """Whether the model was built in memory (the demo's tiny models): no Hub id and no directory it came from."""
+    """Whether the model was built in memory (the default run's tiny models): no Hub id and no directory it came
+    from."""
     config = getattr(model, "config", None)
     name = getattr(config, "_name_or_path", "") if config is not None else ""
     return bool(name) and not os.path.isdir(name) and not HUB_ID.match(name)
@@ -607,18 +602,6 @@ def main(argv=None) -> str:
     card.save(out)
     print(f"wrote {out}")
     return out
-
-
-def __getattr__(name):
-    if name == "RESULTS_FILE":  # until 0.6 the card kept its own copy of the evaluator's file name
-        import warnings
-
-        from ..recipe.eval_math.report import RESULTS_JSON
-
-        warnings.warn("respo_trl.hub.card.RESULTS_FILE is respo_trl.recipe.eval_math.RESULTS_JSON since 0.6; the old "
-                      "name goes in 0.7", DeprecationWarning, stacklevel=2)  # fmt: skip
-        return RESULTS_JSON
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":

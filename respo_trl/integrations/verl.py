@@ -24,7 +24,7 @@ Config (``actor_rollout_ref.actor.policy_loss``)
         +actor_rollout_ref.actor.policy_loss.respo_alpha_pos=2.0
 
     The keys are ``ReSPOConfig``'s field names (``respo_lambda_pos``, ``respo_lambda_neg``: one spelling in TRL and
-    verl); 0.3's ``respo_lam_pos`` / ``respo_lam_neg`` are still accepted as aliases and say so.
+    verl); a renamed key (``respo_lam_pos``) is refused with its new name (:data:`respo_trl._compat.RENAMED_VERL_KEYS`).
     verl instantiates the actor config on the driver in ``validate_config`` before any worker starts, so an
     out-of-domain value fails there with the field's full name, and a misspelt ``respo_*`` key fails with Hydra's
     "unexpected keyword argument". Without the ``_target_`` override the paper's constants are used.
@@ -107,6 +107,8 @@ except ImportError as exc:  # verl missing, or a verl whose layout differs from 
     _logger.warning("respo_trl could not register loss_mode='respo' with verl: %s", exc)
     raise ImportError(f"{INSTALL_HINT} (import failed: {exc})") from exc
 
+from respo_trl._compat import RENAMED_VERL_KEYS, refuse_renamed  # noqa: E402
+
 # One kernel, two front ends: the math lives in respo_trl.kernels / respo_trl.diagnostics (pure torch, no TRL).
 from respo_trl.diagnostics import LOW_WEIGHT_LOG_W, positive_low_weight_stats  # noqa: E402
 from respo_trl.kernels import (  # noqa: E402
@@ -123,26 +125,6 @@ __all__ = ["ReSPOPolicyLossConfig", "compute_policy_loss_respo", "respo_constant
 CONFIG_PREFIX = "actor_rollout_ref.actor.policy_loss"
 ROLLOUT_IS_LEVELS = ("auto", "token", "sequence")
 _KEYS = CONSTANT_KEYS  # verl config key (ReSPOConfig's field name) -> kernel keyword
-ALIASES = {"respo_lam_pos": "respo_lambda_pos", "respo_lam_neg": "respo_lambda_neg"}  # 0.3's verl spelling
-_ALIAS_WARNED: set[str] = set()
-
-
-def _resolve_aliases(values: dict[str, Any], given: set[str]) -> None:
-    """Move 0.3's ``respo_lam_*`` values to ``respo_lambda_*`` (in place), with a warning that says so; both given
-    with different values is an error naming both keys."""
-    for old, new in ALIASES.items():
-        if values.get(old) is None:
-            continue
-        if new in given and values[new] != values[old]:
-            raise ValueError(f"{CONFIG_PREFIX}.{old}={values[old]!r} and {CONFIG_PREFIX}.{new}={values[new]!r}: {old} is "
-                             f"the old name of {new}; set only {new}")
-        if old not in _ALIAS_WARNED:  # once per process: the loss reads its config on every micro-batch
-            _ALIAS_WARNED.add(old)
-            _logger.warning("%s.%s is the 0.3 name of %s.%s; it still works, but use %s", CONFIG_PREFIX, old,
-                            CONFIG_PREFIX, new, new)
-        values[new] = values[old]
-
-
 def _check(values: dict[str, Any], rollout_is: Any) -> None:
     """Raise ``ValueError`` naming the verl field (full dotted key) of the first bad constant."""
     for key, kernel_name in _KEYS.items():
@@ -172,17 +154,15 @@ class ReSPOPolicyLossConfig(PolicyLossConfig):
     respo_beta_neg: float = RESPO_DEFAULTS["beta_neg"]
     respo_lambda_neg: float = RESPO_DEFAULTS["lam_neg"]
     respo_rollout_is: Optional[str] = "auto"
-    respo_lam_pos: Optional[float] = None  # 0.3's name of respo_lambda_pos (an alias that says so)
-    respo_lam_neg: Optional[float] = None  # 0.3's name of respo_lambda_neg
+
+    def __new__(cls, *args, **kwargs):
+        # Hydra passes the config's keys as keyword arguments: a renamed key is refused with its new name before the
+        # dataclass's __init__ would refuse it as an "unexpected keyword argument".
+        refuse_renamed(kwargs, RENAMED_VERL_KEYS, f"{CONFIG_PREFIX}.{{}}")
+        return super().__new__(cls)
 
     def __post_init__(self):
-        values = {key: getattr(self, key) for key in [*_KEYS, *ALIASES]}
-        given = {key for key in _KEYS if values[key] != RESPO_DEFAULTS[_KEYS[key]]}
-        _resolve_aliases(values, given)
-        for old, new in ALIASES.items():
-            if values[old] is not None:  # verl's BaseConfig freezes fields after construction; this is construction
-                object.__setattr__(self, new, values[new])
-        _check({key: values[key] for key in _KEYS}, self.respo_rollout_is)
+        _check({key: getattr(self, key) for key in _KEYS}, self.respo_rollout_is)
 
 
 def respo_constants(config: Any) -> tuple[dict[str, float], str]:
@@ -195,16 +175,15 @@ def respo_constants(config: Any) -> tuple[dict[str, float], str]:
     policy_loss = None if config is None else _get(config, "policy_loss")
     if policy_loss is None:
         return dict(RESPO_DEFAULTS), "auto"
-    known = set(_KEYS) | set(ALIASES) | {"respo_rollout_is"}
+    known = set(_KEYS) | {"respo_rollout_is"}
     is_dataclass = hasattr(policy_loss, "__dataclass_fields__")
     names = [f.name for f in fields(policy_loss)] if is_dataclass else list(policy_loss)
+    refuse_renamed([str(n) for n in names], RENAMED_VERL_KEYS, f"{CONFIG_PREFIX}.{{}}")
     unknown = sorted(str(n) for n in names if str(n).startswith("respo_") and n not in known)
     if unknown:
         raise ValueError(f"unknown ReSPO setting(s) {', '.join(f'{CONFIG_PREFIX}.{n}' for n in unknown)}; "
                          f"known: {sorted(known)}")
     values = {key: _get(policy_loss, key, RESPO_DEFAULTS[name]) for key, name in _KEYS.items()}
-    values.update({old: _get(policy_loss, old) for old in ALIASES})
-    _resolve_aliases(values, {key for key in _KEYS if key in names})
     rollout_is = _get(policy_loss, "respo_rollout_is", "auto")
     _check(values, rollout_is)
     return {name: float(values[key]) for key, name in _KEYS.items()}, rollout_is or "auto"

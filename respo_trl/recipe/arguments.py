@@ -1,5 +1,5 @@
 """The recipe's own arguments (``RecipeArguments``: data, task, warm start, evaluation, presets) and the error type of
-everything a user fixes. TRL's fields are ``ReSPOConfig``'s and ``trl.ModelConfig``'s; :mod:`.args` parses all three.
+everything a user fixes. TRL's fields are ``ReSPOConfig``'s and ``trl.ModelConfig``'s; :mod:`.parsing` parses all three.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Batched generation and sampling profiles for the recipe's models (the tiny demo's and real ones): the one helper
-the held-out evaluator (:mod:`.evaluation`), the benchmark evaluation (:mod:`.eval_math`), the warm start and the
+the held-out evaluator (:mod:`.heldout`), the benchmark evaluation (:mod:`.eval_math`), the warm start and the
 benchmarks use to sample a model outside TRL's trainer.
 
 Prompts are tokenised exactly as TRL's GRPO trainer tokenises them (the chat template with the generation prompt), so

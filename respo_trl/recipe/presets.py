@@ -1,20 +1,19 @@
 """The recipe's presets: YAML files shipped as package data (``respo_trl/recipe/presets/``), found by name with
-``--preset NAME`` from a checkout, an editable install or an installed wheel, and the names a release renamed."""
+``--preset NAME`` from a checkout, an editable install or an installed wheel; a renamed preset is refused with its
+new name (:data:`respo_trl._compat.RENAMED_PRESETS`)."""
 
 from __future__ import annotations
 
 import difflib
 from pathlib import Path
 
+from .._compat import RENAMED_PRESETS, renamed_message
 from .arguments import RecipeError
 
 DEFAULT_PRESET = "tiny-cpu"
 # The presets are package data (respo_trl/recipe/presets/*.yaml): they resolve the same from a checkout, an editable
 # install or an installed wheel.
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
-# Presets renamed by a release: the old name is refused with the new one.
-RENAMED_PRESETS = {f"qwen3-{size}": f"qwen3-{size}-epochs4" for size in ("0.6b", "1.7b", "4b", "8b", "14b", "30b-a3b")}
-RENAMED_PRESETS["tiny_cpu"] = "tiny-cpu"  # 0.3: every preset name uses dashes
 
 
 def available_presets(configs_dir: Path = PRESETS_DIR) -> list[str]:
@@ -41,11 +40,7 @@ def resolve_argv(argv: list[str], configs_dir: Path) -> list[str]:
         path = configs_dir / f"{name}.yaml"
         if not path.is_file():
             if name in RENAMED_PRESETS:
-                why = "" if name == "tiny_cpu" else (
-                    " (R = 4 epochs on the post-trained model); the ReSPO paper's runs are paper-qwen3-1.7b-base and "
-                    "paper-qwen3-30b-a3b-base"
-                )  # fmt: skip
-                raise RecipeError(f"preset {name!r} was renamed {RENAMED_PRESETS[name]!r}{why}")
+                raise RecipeError("preset " + renamed_message(name, RENAMED_PRESETS[name], "{!r}"))
             close = difflib.get_close_matches(name, presets, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise RecipeError(f"unknown preset {name!r}; {hint}available presets: {', '.join(presets)}")

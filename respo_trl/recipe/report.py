@@ -1,7 +1,8 @@
 """What a recipe run leaves in its ``output_dir``, written here and nowhere else: ``report.json`` (every measured
 number, with the arguments), ``heldout_curve.json`` (the held-out points as they are measured, so a resumed run keeps
 its curve), the plots, the model card and the summary table (:class:`RunReport`); plus the one-line messages for a
-launch that does not match its preset."""
+launch that does not match its preset. The file names are :mod:`respo_trl.run_files`', where their readers (the model
+card, ``eval_math``) find them too."""
 
 from __future__ import annotations
 
@@ -13,15 +14,9 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict
 
-REPORT_FILE = "report.json"  # every measured number, with the arguments (read by the model card and eval_math)
-CURVE_FILE = "heldout_curve.json"  # every held-out point as it is measured: a resumed run keeps the curve
-# every greedy held-out answer of each point, one JSON line per point ({"step", "answers"}), appended as measured: how a
-# policy fails (lengths, the form of wrong answers) is read here. After a resume a step may appear twice; the last wins.
-ANSWERS_FILE = "heldout_answers.jsonl"
-
 from ..batching import batch_plan
 from ..checkpoints import latest_complete_checkpoint
-from ..hub.card import CURVES_FILE
+from ..run_files import ANSWERS_FILE, CURVE_FILE, CURVES_FILE, REPORT_FILE
 
 
 def log_launch(script_args, training_args, world: int, logger) -> None:
@@ -209,7 +204,7 @@ class RunReport:
     def finish(self, train_result, sampled: bool, started: float) -> dict:
         """The training summary and times; then, on the main process, plots, ``report.json``, the model card and the
         summary table."""
-        from .evaluation import print_summary
+        from .heldout import print_summary
 
         self.data["training"] = training_summary(self.trainer, train_result, self.training_args, self.world, sampled)
         self.data["time_s"] = {**self.seconds, "total": time.time() - started}

@@ -1,8 +1,8 @@
 """The recipe's flow, top to bottom, in the shape of TRL's ``trl/scripts/grpo.py``: what ``recipes/qwen3_respo.py``
 runs. Parse (once) and check everything that can be checked before compute is spent; build the rewards, the model
 and the data; warm-start a model built here; train with ``ReSPOTrainer`` between two held-out measurements; save and
-write the run's report. The pieces are the neighbouring modules: :mod:`.args` (presets, checks), :mod:`.data`,
-:mod:`.model`, :mod:`.evaluation` (``HeldoutEvaluator``), :mod:`.report` (``RunReport``) and :mod:`.cli`.
+write the run's report. The pieces are the neighbouring modules: :mod:`.parsing` (presets, checks), :mod:`.data`,
+:mod:`.model`, :mod:`.heldout` (``HeldoutEvaluator``), :mod:`.report` (``RunReport``) and :mod:`.cli`.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import time
 from ..hub.card import write_trainer_card
 from ..hub.push import creating_repository, push_to_hub
 from ..rewards import ACCURACY_REWARDS
-from .args import parse_args, plan_table
 from .arguments import RecipeArguments
 from .checks import build_reward
 from .cli import Interrupted, one_line_errors
 from .data import check_datasets, load_datasets
-from .evaluation import HeldoutEvaluator, make_callbacks
+from .heldout import HeldoutEvaluator, make_callbacks
 from .model import build_model, pick_cpu_threads, run_warm_start
+from .parsing import parse_args, plan_table
 from .report import RunReport, log_launch
 
 

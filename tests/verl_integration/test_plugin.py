@@ -79,7 +79,7 @@ def test_valid_constants_pass_verl_start_up_validation(compose_verl):
         ("respo_alpha_pos=-2", "respo_alpha_pos"),
         ("respo_lambda_pos=-1", "respo_lambda_pos"),
         ("respo_lambda_neg=nan", "respo_lambda_neg"),
-        ("respo_lam_pos=-1", "respo_lambda_pos"),  # 0.3's alias: checked as the field it names
+        ("respo_lam_pos=0.5", "was renamed actor_rollout_ref.actor.policy_loss.respo_lambda_pos"),  # renamed key
         ("respo_rollout_is=geometric", "respo_rollout_is"),
         ("respo_alpah_pos=2", "respo_alpah_pos"),  # misspelt: unknown key
     ],
@@ -111,25 +111,19 @@ def test_unknown_respo_key_in_a_plain_dict_config_is_rejected():
     assert level == "auto"
 
 
-def test_the_constants_have_one_spelling_and_the_old_verl_keys_are_aliases_that_say_so(actor_config, caplog,
-                                                                                        monkeypatch):
-    """0.3 spelled lambda `respo_lam_*` in verl and `respo_lambda_*` in TRL: ReSPOConfig's names now work in both, and
-    the old keys still work (a warning names the new key); both with different values is an error naming both."""
+def test_the_constants_have_one_spelling_and_the_renamed_verl_keys_say_the_new_one(actor_config):
+    """ReSPOConfig's names (respo_lambda_*) are the keys in TRL and verl; the renamed verl keys (respo_lam_*) are
+    refused in one line naming the key to set, through Hydra's _target_ and in a plain dict config."""
     import dataclasses
-    import logging
 
     from respo_trl.integrations.verl import ReSPOPolicyLossConfig, respo_constants
     from respo_trl.kernels import CONSTANT_KEYS  # ReSPOConfig's fields (tests/test_config.py checks that side)
 
-    import respo_trl.integrations.verl as respo_verl
-
-    monkeypatch.setattr(respo_verl, "_ALIAS_WARNED", set())  # the warning is once per process
-    assert set(CONSTANT_KEYS) <= {f.name for f in dataclasses.fields(ReSPOPolicyLossConfig)}
-    assert "respo_lambda_pos" in CONSTANT_KEYS and "respo_lam_pos" not in CONSTANT_KEYS
-    with caplog.at_level(logging.WARNING):
-        actor = actor_config("+actor_rollout_ref.actor.policy_loss.respo_lam_pos=0.5")
-    assert actor.policy_loss.respo_lambda_pos == 0.5 and respo_constants(actor)[0]["lam_pos"] == 0.5
-    assert any("respo_lam_pos is the 0.3 name of" in r.getMessage() for r in caplog.records)
-    assert respo_constants({"policy_loss": {"respo_lam_neg": 0.25}})[0]["lam_neg"] == 0.25
-    with pytest.raises(ValueError, match="respo_lam_pos=0.5 and .*respo_lambda_pos=1.5"):
-        respo_constants({"policy_loss": {"respo_lam_pos": 0.5, "respo_lambda_pos": 1.5}})
+    fields = {f.name for f in dataclasses.fields(ReSPOPolicyLossConfig)}
+    assert set(CONSTANT_KEYS) <= fields and not {"respo_lam_pos", "respo_lam_neg"} & fields
+    with pytest.raises(Exception, match=r"policy_loss.respo_lam_pos=0.5 was renamed .*policy_loss.respo_lambda_pos .*"
+                                        r"set actor_rollout_ref.actor.policy_loss.respo_lambda_pos=0.5 instead"):
+        actor_config("+actor_rollout_ref.actor.policy_loss.respo_lam_pos=0.5")
+    with pytest.raises(ValueError, match=r"policy_loss.respo_lam_neg was renamed .*policy_loss.respo_lambda_neg"):
+        respo_constants({"policy_loss": {"respo_lam_neg": 0.25}})
+    assert respo_constants({"policy_loss": {"respo_lambda_neg": 0.25}})[0]["lam_neg"] == 0.25

@@ -48,7 +48,7 @@ ARGS = {
 
 @pytest.fixture(scope="session")
 def vllm_tokenizer():
-    from respo_trl.demo.tiny import build_char_tokenizer
+    from respo_trl.builtin.tiny_model import build_char_tokenizer
 
     return build_char_tokenizer()
 
@@ -57,7 +57,7 @@ def vllm_tokenizer():
 def tiny_model_dir(vllm_tokenizer, tmp_path_factory):
     """A tiny dense Qwen3 saved like a Hub snapshot (vLLM loads models by path). head_dim 32: vLLM's CPU attention
     rejects the demo default's 16."""
-    from respo_trl.demo.tiny import tiny_qwen3
+    from respo_trl.builtin.tiny_model import tiny_qwen3
 
     path = tmp_path_factory.mktemp("tiny-qwen3-hd32")
     tiny_qwen3(vllm_tokenizer, hidden_size=64, num_heads=2, num_kv_heads=1).save_pretrained(path)

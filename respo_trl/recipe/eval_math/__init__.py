@@ -33,14 +33,13 @@ module, in the order a run goes through them:
 - :mod:`.backends`: completions with their token lengths, from vLLM or transformers;
 - :mod:`.scoring`: grades, avg@n, pass@k, maj@n and accuracy in response-length bins (:mod:`respo_trl.grading`'s);
 - :mod:`.report`: ``eval_math.json``, ``eval_math.md``, the length-bin plot, the samples, an earlier result kept
-  (the file names are its constants, which the model card reads);
+  (the file names are :mod:`respo_trl.run_files`', where the model card reads them too);
 - :mod:`.run`: the options, ``main`` and ``cli``. Bad input is a :class:`~respo_trl.recipe.arguments.RecipeError` and ends as
   the training recipe's does (:func:`respo_trl.recipe.cli.one_line_errors`: one line, exit status 2).
 
-Every public name of the 0.5 module ``respo_trl/recipe/eval_math.py`` is importable from here.
+The package re-exports the names its users and tests import (``__all__``), so ``from respo_trl.recipe.eval_math import
+X`` does not depend on which module defines ``X``.
 """
-
-import warnings
 
 from ..arguments import RecipeError
 from .backends import (
@@ -81,15 +80,11 @@ from .protocols import (
     resolve_protocol,
     run_defaults,
 )
+from ...run_files import LENGTH_PLOT, PREVIOUS_JSON, RESULTS_JSON, RESULTS_MD, SAMPLES_JSONL
 from .report import (
     GRADING,
-    LENGTH_PLOT,
     MIN_BIN_SAMPLES,
     OUTPUT_ROOT,
-    PREVIOUS_JSON,
-    RESULTS_JSON,
-    RESULTS_MD,
-    SAMPLES_JSONL,
     archive_previous,
     build_report,
     default_output_dir,
@@ -112,10 +107,3 @@ __all__ = [
     "write_builtin_heldout", "write_report",
 ]  # fmt: skip
 
-
-def __getattr__(name):
-    if name == "UsageError":  # 0.5's own error class (exit status 1); the evaluator now raises the recipe's
-        warnings.warn("respo_trl.recipe.eval_math.UsageError is RecipeError (respo_trl.recipe.arguments) since 0.6; "
-                      "the old name goes in 0.7", DeprecationWarning, stacklevel=2)  # fmt: skip
-        return RecipeError
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

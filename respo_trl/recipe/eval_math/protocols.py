@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..report import REPORT_FILE
+from ...run_files import REPORT_FILE
 
 logger = logging.getLogger("eval_math")
 
@@ -94,7 +94,8 @@ def run_defaults(model: str) -> dict:
     script = (report.get("args") or {}).get("script") or {}
     fmt = report.get("prompt_format") or script
     sampling = report.get("sampling") or {}
-    if not sampling and (Path(model) / "training_args.bin").is_file():  # reports before 0.3 had no sampling section
+    # an older recipe's report has no sampling section: the budget and temperature are then the saved config's
+    if not sampling and (Path(model) / "training_args.bin").is_file():
         import torch
 
         training = torch.load(Path(model) / "training_args.bin", weights_only=False)

@@ -2,8 +2,8 @@
 the command, versions, metrics, length bins), ``eval_math.md`` (the tables), the length-bin plot and, on request, every
 completion; an earlier evaluation is kept, renamed, never silently replaced.
 
-Why the file names are constants here: the model card (:mod:`respo_trl.hub.card`) reads ``eval_math.json`` by
-:data:`RESULTS_JSON`, so writer and reader cannot drift apart.
+The file names are :mod:`respo_trl.run_files`', where the model card (:mod:`respo_trl.hub.card`) reads
+``eval_math.json`` by the same :data:`~respo_trl.run_files.RESULTS_JSON`, so writer and reader cannot drift apart.
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from ...hub.card import weights_fingerprint
+from ...run_files import LENGTH_PLOT, PREVIOUS_JSON, RESULTS_JSON, RESULTS_MD, SAMPLES_JSONL
 
-RESULTS_JSON, RESULTS_MD, SAMPLES_JSONL = "eval_math.json", "eval_math.md", "eval_math_samples.jsonl"
-LENGTH_PLOT = "eval_math_length_bins.png"
-PREVIOUS_JSON = "eval_math.previous-{index}.json"  # an earlier RESULTS_JSON (and its .md), moved aside
 OUTPUT_ROOT = "eval_math"  # results of a model that is not a training output_dir go to OUTPUT_ROOT/NAME
 MIN_BIN_SAMPLES = 5  # the length-bin plot joins only bins with at least this many samples
 GRADING = "respo_trl.grading.grade (trl.rewards.accuracy_reward, math-verify), gold answers boxed"

@@ -32,15 +32,8 @@ from .problems import (
     write_builtin_heldout,
 )
 from .protocols import BENCHMARKS, LENGTH_BINS, PROTOCOLS, apply_run_defaults, resolve_protocol
-from .report import (
-    RESULTS_JSON,
-    RESULTS_MD,
-    SAMPLES_JSONL,
-    archive_previous,
-    build_report,
-    default_output_dir,
-    write_report,
-)
+from ...run_files import RESULTS_JSON, RESULTS_MD, SAMPLES_JSONL
+from .report import archive_previous, build_report, default_output_dir, write_report
 from .scoring import benchmark_ks, length_bin_report, score_benchmark
 
 logger = logging.getLogger("eval_math")

@@ -14,14 +14,12 @@ from pathlib import Path
 
 from trl import ModelConfig, TrlParser
 
+from .._compat import RENAMED_OPTIONS, refuse_renamed
 from ..batching import batch_plan, paper_batch, updates_from_steps
 from ..config import ReSPOConfig
 from .arguments import ALGORITHMS, LAUNCH_PROCESSES, RecipeArguments, RecipeError
 from .checks import check_model_path, validate_args
 from .presets import PRESETS_DIR, resolve_argv
-
-# Options renamed by a release: refused with the new name. 0.4: the staleness N has one name from preset to trainer.
-RENAMED_FLAGS = {"updates_per_rollout": "respo_updates_per_rollout"}
 
 
 class RecipeParser(TrlParser):
@@ -81,11 +79,6 @@ def parse_args(argv: list[str] | None = None, num_processes: int | None = None, 
     processes = num_processes or resolve_dry_run(script_args).dry_run or launch_processes()
     values = {f.name: getattr(raw, f.name) for f in fields(ReSPOConfig) if f.init}
     explicit = explicit_flags(argv)
-    if values.get("respo_reuse") is not None:  # num_iterations' deprecated alias: the command line decides
-        if "num_iterations" not in explicit:
-            values["num_iterations"] = values["respo_reuse"]  # the alias overrides a preset's num_iterations
-        elif "respo_reuse" not in explicit:  # --num_iterations on the command line beats a config file's alias
-            values["respo_reuse"] = raw.respo_reuse = None
     values.update(recipe_fields(script_args, raw, explicit, processes))
     if script_args.dry_run and not values["use_cpu"]:
         import torch
@@ -130,13 +123,12 @@ def known_flags() -> list[str]:
 
 def check_flags(argv: list[str]) -> None:
     """Unknown ``--flags`` fail here, all at once, each with the closest known option (TrlParser would only list
-    them after building every dataclass, in a traceback)."""
+    them after building every dataclass, in a traceback); a renamed flag, or a renamed key of the ``--config`` file,
+    fails with its new name (:data:`respo_trl._compat.RENAMED_OPTIONS`)."""
     known = set(known_flags())
     given = [a[2:].split("=", 1)[0] for a in argv if a.startswith("--")]
-    for name in given:
-        if name in RENAMED_FLAGS:
-            raise RecipeError(f"--{name} was renamed --{RENAMED_FLAGS[name]} (ReSPOConfig's field, the one name of the "
-                              "paper's staleness N from preset to trainer)")
+    refuse_renamed(given, RENAMED_OPTIONS, "--{}", RecipeError)
+    refuse_renamed(config_file_keys(argv), RENAMED_OPTIONS, "{}", RecipeError)
     unknown = [name for name in given if name not in known]
     if unknown:
         hints = []
@@ -144,6 +136,16 @@ def check_flags(argv: list[str]) -> None:
             close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
             hints.append(f"--{name}" + (f" (did you mean --{close[0]}?)" if close else ""))
         raise RecipeError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; see --help")
+
+
+def config_file_keys(argv: list[str]) -> dict:
+    """The keys and values of the ``--config`` file ``argv`` names (presets included; ``{}`` without one)."""
+    if "--config" not in argv or argv.index("--config") + 1 >= len(argv):
+        return {}
+    import yaml
+
+    config = yaml.safe_load(Path(argv[argv.index("--config") + 1]).read_text())
+    return config if isinstance(config, dict) else {}  # TrlParser refuses a file that is not a mapping
 
 
 def explicit_flags(argv: list[str]) -> set[str]:
@@ -182,7 +184,7 @@ def recipe_fields(script_args, raw, explicit: set[str], num_processes: int) -> d
             gradient_accumulation_steps=raw.gradient_accumulation_steps,
             accumulation_given="gradient_accumulation_steps" in explicit,
             respo_updates_per_rollout=raw.respo_updates_per_rollout, steps_per_generation=raw.steps_per_generation,
-            epochs=max(raw.num_iterations, raw.respo_reuse or 1),  # respo_reuse: num_iterations' deprecated alias
+            epochs=raw.num_iterations,
         ))  # fmt: skip
         if "steps_per_generation" not in explicit:
             values["steps_per_generation"] = None  # ReSPOConfig derives it from N and the accumulation above
