@@ -486,14 +486,14 @@ class RolloutBuffer:
         for name, setting in RESUME_FIELDS.items():
             if name in PERMUTATION_FIELDS and not permuted:
                 continue  # the rest of the batch is served in its stored order (or nothing of it is left)
-            # files before 0.2 had one process; before 0.4 rows were always the unit of the shuffle
+            # a file that does not name them was saved by one process, with rows as the unit of the shuffle
             saved = meta.get(name, {"num_processes": 1, "group_size": None}.get(name))
             if saved != getattr(self, name):
                 raise ValueError(
                     f"{meta_path} was saved with {name}={saved} but this run has {name}={getattr(self, name)}; resume "
                     f"with {setting} as it was ({name}={saved}): it decides which rollouts the rest of the batch serves"
                 )
-        saved_first = bool(meta.get("track_first_weight", False))  # files before 0.6 kept no first-pass weights
+        saved_first = bool(meta.get("track_first_weight", False))  # a file that does not say kept none
         if meta["has_batch"] and saved_first != self.track_first_weight:
             said = {True: "'first_pass' (or 'auto' under epochs)", False: "'current'"}
             raise ValueError(

@@ -523,10 +523,11 @@ def epochs_bound_warning(args) -> str | None:
     if args.num_iterations <= EPOCHS_SAFE_ITERATIONS and args.learning_rate <= EPOCHS_SAFE_LR:
         return None
     return (
-        f"ReSPO with num_iterations={args.num_iterations} at learning_rate={args.learning_rate:g} is outside where "
-        f"epochs were measured safe (num_iterations <= {EPOCHS_SAFE_ITERATIONS} at learning_rate <= "
-        f"{EPOCHS_SAFE_LR:g}, tiny model; at 1e-4 ReSPO fell behind dapo on some seeds): lower learning_rate, or reuse "
-        "by staleness instead (num_iterations=1, respo_updates_per_rollout=N); see docs/reuse.md"
+        f"ReSPO with num_iterations={args.num_iterations} at learning_rate={args.learning_rate:g} is outside "
+        f"num_iterations <= {EPOCHS_SAFE_ITERATIONS} at learning_rate <= {EPOCHS_SAFE_LR:g}: epochs were measured safe "
+        f"for ReSPO at one point only (num_iterations={EPOCHS_SAFE_ITERATIONS}, learning_rate={EPOCHS_SAFE_LR:g}, "
+        "the tiny model, on one seed set of two), and at 1e-4 every loss fell on some seeds: lower learning_rate, or "
+        "reuse by staleness instead (num_iterations=1, respo_updates_per_rollout=N); see docs/reuse.md"
     )
 
 

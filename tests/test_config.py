@@ -237,8 +237,8 @@ def test_epochs_warn_once_outside_the_measured_safe_setting(configs, tmp_path):
         build(configs, tmp_path, num_iterations=1, learning_rate=1e-3)
         build(configs, tmp_path, loss_type="dapo", num_iterations=4, learning_rate=1e-4)
     for overrides in ({"num_iterations": 2, "learning_rate": 1e-4}, {"num_iterations": 8, "learning_rate": 1e-6}):
-        with pytest.warns(UserWarning, match=r"outside where epochs were measured safe \(num_iterations <= 4 at "
-                                             r"learning_rate <= 3e-05"):  # fmt: skip
+        with pytest.warns(UserWarning, match=r"is outside num_iterations <= 4 at learning_rate <= 3e-05: epochs were "
+                                             r"measured safe for ReSPO at one point only"):  # fmt: skip
             build(configs, tmp_path, **overrides)
     ReSPOConfig, GRPOConfig = configs
     plain = GRPOConfig(output_dir=str(tmp_path), **{**CPU_ARGS, "num_iterations": 3, "learning_rate": 5e-5})
