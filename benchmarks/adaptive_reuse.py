@@ -12,6 +12,7 @@ with the design and the rules committed before any run: docs/benchmarks/adaptive
     python -m benchmarks.adaptive_reuse tune --workers 2        # 4 tuning seeds x every candidate, then the chooser
     python -m benchmarks.adaptive_reuse evaluate --workers 2    # 8 fresh seeds: R = 1, 2, 4 and the chosen setting
     python -m benchmarks.adaptive_reuse summary                 # the rule's reading, tables and plots, from the records
+    python -m benchmarks.adaptive_reuse smollm2 --workers 2     # SmolLM2-135M, fixed R = 4 against the chosen setting
     python -m benchmarks.adaptive_reuse tune --smoke --out /tmp/ar --work /tmp/ar-work   # seconds: the tests' size
 
 Resumable: a finished run's record (``OUT/<stage>/<name>.json``, naming its commit) is never rerun; one torch thread
@@ -340,6 +341,90 @@ def evaluate(args) -> dict:
     return summary(args)
 
 
+# On SmolLM2-135M: a demonstration, one seed per arm, not evidence (docs/benchmarks/adaptive_reuse.md, section 5).
+SMOLLM2 = {"task": "add2_30", "lr": 2e-5, "seed": 1, "updates": 48, "loss": "respo"}
+
+
+def run_smollm2(spec: dict) -> dict:
+    """SmolLM2-135M on the comparison's task and training shape (smollm2_staleness.md 6) with ``num_iterations = 4``,
+    fixed or adaptive; records the per-step trace of the signal and the schedule (no held-out scoring)."""
+    from benchmarks.smollm2_task import RL, task_args
+    from respo_trl import recipe
+
+    output_dir = os.path.join(spec["scratch"], spec["name"])
+    shutil.rmtree(output_dir, ignore_errors=True)
+    adaptive = ["--respo_adaptive_reuse", spec["signal"], "--respo_adaptive_threshold", str(spec["threshold"])]
+    argv = [*task_args(spec["task"]), *RL, "--model_name_or_path", spec["model"], "--loss_type", spec["loss"],
+            "--seed", str(spec["seed"]), "--learning_rate", str(spec["lr"]), "--num_iterations", "4",
+            *(adaptive if spec["signal"] else []), "--max_steps", str(spec["updates"]), "--save_strategy", "no",
+            "--output_dir", output_dir]  # fmt: skip
+    start, commit, started_at = time.time(), code_commit(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    with open(spec["log"], "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        report = recipe.main(*recipe.parse_args(argv))
+    history = [h for h in json.loads(Path(output_dir, "trainer_state.json").read_text())["log_history"] if "loss" in h]
+    shutil.rmtree(output_dir, ignore_errors=True)
+    passes = [h["reuse/pass"] for h in history if "reuse/pass" in h]
+    record = {**{k: spec[k] for k in ("name", "task", "lr", "seed", "updates", "loss", "signal", "threshold")},
+              "generated_tokens": report["training"]["generated_tokens"], "updates": report["training"]["global_step"],
+              "batches": 1 + sum(p == 1 for p in passes[1:]),
+              "refreshes": int(max((h.get("reuse/refreshes", 0) for h in history), default=0)),
+              "history": compact_history(history, TRACE_KEYS), "train_s": report["time_s"]["train"],
+              "wall_s": time.time() - start, "commit": commit, "started_at": started_at}  # fmt: skip
+    Path(spec["runs_dir"], spec["name"] + ".json").write_text(json.dumps(record))
+    return record
+
+
+def smollm2(args) -> dict:
+    from benchmarks.smollm2_task import MODEL
+
+    signal, threshold = chosen_setting(args)
+    out, work = Path(args.out, "smollm2"), Path(args.work, "smollm2")
+    for folder in (out, work / "logs", work / "scratch"):
+        folder.mkdir(parents=True, exist_ok=True)
+    specs = [{**SMOLLM2, "name": name, "signal": sig, "threshold": th, "model": args.smollm2_model,
+              "runs_dir": str(out), "scratch": str(work / "scratch"), "log": str(work / "logs" / f"{name}.log")}
+             for name, sig, th in (("R4", None, None), (setting_name(ADAPTIVE_R, signal, threshold), signal, threshold))]  # fmt: skip
+    if args.smoke:
+        for spec in specs:
+            spec.update(updates=4, model=args.smollm2_model)
+    done = {k: v for k, v in load_runs(out).items() if k in {s["name"] for s in specs}}
+    runs = run_pool(specs, run_smollm2, workers=args.workers, done=done)
+    plot_smollm2(runs, threshold, signal, out / "smollm2.png")
+    rows = {name: {"batches": r["batches"], "updates": r["updates"], "refreshes": r["refreshes"],
+                   "generated_tokens": r["generated_tokens"], "train_s": r["train_s"]} for name, r in runs.items()}  # fmt: skip
+    Path(out, "smollm2.json").write_text(json.dumps({"runs": rows, "model": MODEL, **SMOLLM2,
+                                                     "command": command("adaptive_reuse", args.argv)}, indent=1))  # fmt: skip
+    print(json.dumps(rows, indent=1))
+    return rows
+
+
+def plot_smollm2(runs: dict[str, dict], threshold: float, signal: str, path: Path) -> None:
+    """The signal measured before each reuse pass against the threshold, and the pass each update served."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    key = f"reuse/{signal}_before_pass"
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    for (name, run), color in zip(sorted(runs.items()), ("tab:gray", "tab:red")):
+        rows = run["history"]
+        points = [(h["step"], h[key]) for h in rows if h.get(key) is not None]
+        axes[0].plot([p[0] for p in points], [p[1] for p in points], "o-", ms=3, color=color, label=name)
+        axes[1].step([h["step"] for h in rows], [h.get("reuse/pass", 1) for h in rows], where="mid", color=color,
+                     label=f"{name}: {run['batches']} batches for {run['updates']} updates")  # fmt: skip
+    axes[0].axhline(threshold, color="black", ls="--", lw=1, label=f"threshold {threshold:g}")
+    axes[0].set(xlabel="policy update", ylabel=key, title="SmolLM2-135M, one seed: the drift before each reuse pass",
+                yscale="log" if signal == "kl" else "linear")  # fmt: skip
+    axes[1].set(xlabel="policy update", ylabel="pass over its batch (1 = fresh)", title="passes served")
+    for ax in axes:
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def summary(args) -> dict:
     signal, threshold = chosen_setting(args)
     runs = load_runs(Path(args.out, "evaluation"))
@@ -455,11 +540,12 @@ def plot(runs: dict[str, dict], result: dict, path: Path) -> None:
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("stage", choices=["pilot", "tune", "evaluate", "summary"])
+    p.add_argument("stage", choices=["pilot", "tune", "evaluate", "summary", "smollm2"])
     p.add_argument("--out", default=str(OUT), help="Records, JSON, tables and plot (committed).")
     p.add_argument("--work", default="outputs/adaptive_reuse", help="Warm starts, logs, scratch space.")
     p.add_argument("--workers", type=int, default=2, help="Runs at once (one torch thread each).")
     p.add_argument("--smoke", action="store_true", help="Tiny sizes for the test suite (seconds, numbers meaningless).")
+    p.add_argument("--smollm2_model", default="outputs/smollm2-135m-instruct-q4", help="smollm2 stage: the checkpoint")
     args = p.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)
     smoke = args.smoke
@@ -474,7 +560,7 @@ def parse(argv=None):
 def main(argv=None):
     args = parse(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    return {"pilot": pilot, "tune": tune, "evaluate": evaluate, "summary": summary}[args.stage](args)
+    return {"pilot": pilot, "tune": tune, "evaluate": evaluate, "summary": summary, "smollm2": smollm2}[args.stage](args)
 
 
 if __name__ == "__main__":

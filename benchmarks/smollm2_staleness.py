@@ -68,7 +68,9 @@ from benchmarks.smollm2_task import (
     EVAL_SAMPLES,
     MAX_TOKENS,
     MODEL,
+    RL,
     TEMPERATURE,
+    UPDATES,
     evaluate,
     sample_completions,
     sequence_logps,
@@ -97,19 +99,6 @@ TASK_MIN_LENGTH = 15  # mean answer length in tokens
 # The runs
 # ---------------------------------------------------------------------------------------------------------------------
 
-# M = 2 prompts x G = 8 completions per update (the paper: 32 x 8): an update costs ~55 s on one core (attempt 1's
-# records: 48 updates in 2,651 s of training), so a run of UPDATES fits in ~45 minutes. A constant learning rate from
-# the first update (attempt 1's first update ran at lr 0, a warm-up): k updates are k full updates.
-RL = [
-    "--use_vllm", "false", "--reward_funcs", "last_integer_accuracy", "--num_generations", "8",
-    "--per_device_train_batch_size", "16", "--gradient_accumulation_steps", "1",
-    "--max_completion_length", str(MAX_TOKENS), "--temperature", str(TEMPERATURE), "--beta", "0.0",
-    "--lr_scheduler_type", "constant", "--warmup_steps", "0", "--weight_decay", "0.1",
-    "--max_grad_norm", "1.0", "--eval_mode", "none", "--heldout_eval_steps", "0", "--logging_steps", "1",
-    "--report_to", "none", "--use_cpu", "true", "--bf16", "false", "--dtype", "float32",
-    "--activation_checkpointing", "false", "--dataloader_num_workers", "0", "--compact_progress", "true",
-]  # fmt: skip
-UPDATES = 48
 GATE_LRS = (1e-5, 2e-5)  # attempt 1: 1e-5 learned a little, 3e-5 ran every answer to the token limit
 GATE_N = (2, 4, 8, 16, 32)
 GATE_MIN_SHARE = 0.15  # pooled share of positives with log W < -1 over a cycle: at least this (the paper: 22.8%)

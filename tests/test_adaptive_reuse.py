@@ -191,7 +191,7 @@ def test_the_chooser_takes_the_most_saving_qualifying_candidate_and_breaks_ties_
 
 
 @pytest.mark.slow
-def test_smoke_run_of_the_benchmark(tmp_path):
+def test_smoke_run_of_the_benchmark(tmp_path, tiny_model_dir):
     """tune -> evaluate -> summary at smoke size: every run stops at the token budget and records its trace; the
     evaluation is refused before a setting is chosen, and a second tune reruns nothing."""
     import os
@@ -220,3 +220,8 @@ def test_smoke_run_of_the_benchmark(tmp_path):
     run = json.loads((out / "evaluation" / "R4-kl0.001-respo-lr0.0001-s1.json").read_text())
     assert run["generated_tokens"] >= 600 and run["updates"] <= 4 * run["batches"] and run["commit"]
     assert "reuse/kl_before_pass" in run["history"] and (out / "adaptive_reuse.png").is_file()
+    common[common.index("--workers") + 1] = "1"
+    common += ["--smollm2_model", tiny_model_dir]  # the SmolLM2 stage's code path, on the tiny model
+    stage("smollm2")
+    demo = json.loads((out / "smollm2" / "smollm2.json").read_text())["runs"]
+    assert set(demo) == {"R4", "R4-kl0.001"} and demo["R4"]["batches"] == 1 and (out / "smollm2" / "smollm2.png").is_file()
