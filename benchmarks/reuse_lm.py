@@ -636,7 +636,8 @@ def write_safety(folders: list[str], out: Path, argv) -> dict:
     reading["config"] = {"folders": folders, "margin_points": SAFE_MARGIN, "fall_points": FALL, "reference": CLIPPED,
                          "machine": machine_info(), "command": command("reuse_lm", argv)}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    (out / "safety.json").write_text(json.dumps(reading, indent=1, default=str))
+    # one line without spaces: ~9,000 numbers that tools read (its tables are safety.md), 40% smaller than indented
+    (out / "safety.json").write_text(json.dumps(reading, default=str, separators=(",", ":")))
     plot_safety(reading, out / "safety.png")
     print(safety_markdown(reading))
     return reading
