@@ -1,9 +1,9 @@
-"""Run records at a tenth of their size: rewrite, in place, the records written before histories were compact.
+"""Compact run records: rewrite, in place, the records written before histories were compact.
 
 A run's record (``<name>.json`` in a study's folder) keeps its per-step history as columns (``{"step": [...], key:
 [...]}``) of the keys its study's readers read (:data:`benchmarks.common.RECORD_KEYS`), each float to six significant
 digits, as one line of JSON (:func:`benchmarks.common.save_run`); everything else in the record stays as it was.
-Records written before held one dict per step with ~30 keys at full precision, ten times the size. Readers see rows
+Records written before held one dict per step with ~30 keys at full precision, seven times the size. Readers see rows
 either way (:func:`benchmarks.common.load_runs`), and a converted record converts to the same bytes, so this can run
 again whenever old records arrive (a run started at an older commit):
 
