@@ -27,7 +27,7 @@ def old_record(name="dense-respo-R4-seed0") -> dict:
 
 def write_old(folder, record) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{record['name']}.json").write_text(json.dumps(record, indent=1))  # old records: indented
+    (folder / f"{record['name']}.json").write_text(json.dumps(record))  # as reuse_lm wrote it
 
 
 def test_conversion_keeps_every_kept_key_to_six_digits_and_converts_to_the_same_bytes_again(tmp_path):
