@@ -42,6 +42,7 @@ from benchmarks.common import (
     machine_info,
     paired,
     run_pool,
+    save_run,
     tokens_to_reach,
     warm_start,
 )
@@ -124,8 +125,7 @@ def run_one(spec: dict) -> dict:
         "history": compact_history(history, TRACE_KEYS),
         "train_s": report["time_s"]["train"], "wall_s": time.time() - start, "commit": commit, "started_at": started_at,
     }  # fmt: skip
-    Path(spec["runs_dir"], spec["name"] + ".json").write_text(json.dumps(record))
-    return record
+    return save_run(Path(spec["runs_dir"], spec["name"] + ".json"), record)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -134,38 +134,71 @@ def code_commit() -> str:
     return sha + ("-dirty" if git("status", "--porcelain", "--untracked-files=no", "--", "respo_trl", "benchmarks") else "")
 
 
-def load_runs(folder) -> dict[str, dict]:
-    """The finished runs' records in ``folder`` (``<name>.json``), by run name, sorted (the summaries' order does not
-    depend on the disk); empty when the folder does not exist. A history stored as columns (:func:`compact_history`)
-    comes back as one dict per logged step, as every reader expects."""
+def load_run(path) -> dict:
+    """One run's record as every reader expects it: a history stored as columns (:func:`compact_history`) comes back
+    as one dict per logged step; a record written before histories were compact (rows) comes back as it is. Readers
+    go through here, never ``json.loads``, so that both forms read alike."""
     import json
+    from pathlib import Path
+
+    run = json.loads(Path(path).read_text())
+    if isinstance(run.get("history"), dict):
+        run["history"] = history_rows(run["history"])
+    return run
+
+
+def load_runs(folder) -> dict[str, dict]:
+    """The finished runs' records in ``folder`` (``<name>.json``, :func:`load_run`), by run name, sorted (the
+    summaries' order does not depend on the disk); empty when the folder does not exist."""
     from pathlib import Path
 
     folder = Path(folder)
     if not folder.exists():
         return {}
-    runs = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
-    for run in runs.values():
-        if isinstance(run.get("history"), dict):
-            run["history"] = history_rows(run["history"])
-    return runs
+    return {p.stem: load_run(p) for p in sorted(folder.glob("*.json"))}
+
+
+def record_json(record: dict) -> str:
+    """A record's text: one line of JSON without spaces (a record is read by code, and diffs of it say little)."""
+    import json
+
+    return json.dumps(record, separators=(",", ":"))
+
+
+def save_run(path, record: dict) -> dict:
+    """Writes a run's ``record`` (its history already :func:`compact_history`) as :func:`record_json` and returns it
+    as :func:`load_run` reads it back: a run just finished and the same run loaded later look alike to every reader
+    (the same keys, the same rounded values)."""
+    from pathlib import Path
+
+    Path(path).write_text(record_json(record))
+    if isinstance(record.get("history"), dict):
+        return {**record, "history": history_rows(record["history"])}
+    return record
 
 
 SIGNIFICANT_DIGITS = 6  # a logged metric kept in a record: more than any table prints, a third of float64's text
 
 
-def _rounded(value):
-    if isinstance(value, float) and math.isfinite(value) and value != 0:
+def record_precision(value):
+    """``value`` as a record keeps it: a float to :data:`SIGNIFICANT_DIGITS` significant digits. Whole numbers (counts,
+    token totals), zero, non-finite values and non-floats stay as they are (no shorter, and a count is exact). Rounding
+    a rounded value changes nothing, so converting a record twice gives the same record."""
+    if isinstance(value, float) and math.isfinite(value) and not value.is_integer():
         return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
     return value
 
 
-def compact_history(history: list[dict], keys) -> dict[str, list]:
-    """Per-step metrics as columns: ``step`` and each of ``keys`` that some step logged, one list entry per step (None
-    where that step did not log the key), floats to :data:`SIGNIFICANT_DIGITS` significant digits. A run's record
-    stores its history so; :func:`load_runs` gives it back as rows."""
-    present = [k for k in keys if any(k in h for h in history)]
-    return {"step": [h["step"] for h in history], **{k: [_rounded(h.get(k)) for h in history] for k in present}}
+def compact_history(history, keys) -> dict[str, list]:
+    """Per-step metrics as columns: ``step`` and each of ``keys`` that some step logged (not as None), one list entry
+    per step (None where that step did not log the key), values to :func:`record_precision`. ``history`` is the log's
+    rows or a compact history already (compacting again keeps it as it is). A run's record stores its history so;
+    :func:`load_run` gives it back as rows."""
+    if isinstance(history, dict):
+        history = history_rows(history)
+    present = [k for k in keys if any(h.get(k) is not None for h in history)]
+    columns = {k: [record_precision(h.get(k)) for h in history] for k in present}
+    return {"step": [h["step"] for h in history], **columns}
 
 
 def history_rows(columns: dict[str, list]) -> list[dict]:
@@ -173,6 +206,38 @@ def history_rows(columns: dict[str, list]) -> list[dict]:
     keys = [k for k in columns if k != "step"]
     return [{"step": step, **{k: columns[k][i] for k in keys if columns[k][i] is not None}}
             for i, step in enumerate(columns["step"])]  # fmt: skip
+
+
+# The per-step metrics a study's records keep: every key that some reader of that study reads (its summaries, the
+# commands its page names, the checks that pair new runs with stored ones) and no other; the rest of a run's report
+# stays in its record. `python -m benchmarks.compact_records` brings records written before to this form.
+_LOW_WEIGHT_POS = tuple(f"starvation/low_weight_pos/{k}" for k in ("n", "n_low", "mass", "mass_low", "respo_mass",
+                                                                  "respo_mass_low", "vespo_mass", "vespo_mass_low"))
+# reuse_lm: the safety rule's learning rate and by_pass (PASS_KEYS by reuse/pass), --passes-from's columns, the
+# summaries' pos_length_growth, and adaptive_reuse's pilot (offpolicy/kl and offpolicy/ess by pass)
+REUSE_LM_KEYS = (
+    "learning_rate", "reuse/pass", "grad_norm", "reuse/grad_norm_vs_fresh", "respo/trust_masked_frac",
+    "starvation/zero_coef_token_frac", "starvation/grad_throughput/pos", "starvation/grad_throughput/neg",
+    "respo/phi_mean/pos", "respo/phi_mean/neg", "offpolicy/kl", "offpolicy/log_weight/mean", "clip_ratio/region_mean",
+    "offpolicy/log_weight/min", "entropy", "starvation/pos_length_mean", "offpolicy/ess",
+)  # fmt: skip
+# regime and regime_mechanism (engine regime_runs): run_stats and the statistics of a run below, the gate's pooled
+# positive branch, the comparison plot (reward and generated tokens per window), the pairing on the step-1 reward
+REGIME_KEYS = (
+    "reward", "reuse/staleness_mean", "reuse/generated_tokens", "offpolicy/kl", "completions/mean_length",
+    "starvation/grad_throughput/pos", "starvation/grad_throughput/neg", "starvation/pos_length_mean", "grad_norm",
+    "clip_ratio/region_mean", "offpolicy/log_weight/mean", *_LOW_WEIGHT_POS,
+)  # fmt: skip
+# smollm2_staleness: run_row (late mean, positive branch pooled and per cycle, frac_reward_zero_std, cycle KL, the
+# positive/negative weight ratio), the gate's first cycle, the plot (reward against updates and generated tokens)
+SMOLLM2_KEYS = (
+    "reward", "reuse/staleness_mean", "reuse/generated_tokens", "offpolicy/kl", "completions/mean_length",
+    "starvation/grad_throughput/pos", "starvation/grad_throughput/neg", "frac_reward_zero_std", *_LOW_WEIGHT_POS,
+)  # fmt: skip
+# The studies whose records hold histories, by their folder in docs/benchmarks/. archive/ holds retired versions'
+# records, which nothing reads: they keep every logged key (None), to the same precision.
+RECORD_KEYS = {"reuse_lm": REUSE_LM_KEYS, "regime": REGIME_KEYS, "regime_mechanism": REGIME_KEYS,
+               "smollm2_staleness": SMOLLM2_KEYS, "archive": None}  # fmt: skip
 
 
 def next_ready(queue: list[dict], ready: set, free: int) -> list[dict]:
@@ -251,9 +316,9 @@ def resume_state(output_dir: str, updates: int) -> tuple[str | None, dict | None
 
 
 def write_record(record: dict, spec: dict, output_dir: str, start: float, train_s: float, resume, finished) -> dict:
-    """A finished run's record, written to ``runs_dir``: its scratch folder removed, this process's times, and where it
-    took over (``resumed_from_step``) or that it was only scored (``scored_only``: trained by an earlier process)."""
-    import json
+    """A finished run's record, written to ``runs_dir`` (:func:`save_run`, its history compact already): its scratch
+    folder removed, this process's times, and where it took over (``resumed_from_step``) or that it was only scored
+    (``scored_only``: trained by an earlier process)."""
     import shutil
     import time
 
@@ -263,9 +328,7 @@ def write_record(record: dict, spec: dict, output_dir: str, start: float, train_
         record["resumed_from_step"] = int(resume.rsplit("-", 1)[1])
     if finished:
         record["scored_only"] = True
-    with open(os.path.join(spec["runs_dir"], spec["name"] + ".json"), "w") as f:
-        json.dump(record, f)
-    return record
+    return save_run(os.path.join(spec["runs_dir"], spec["name"] + ".json"), record)
 
 
 def train_logged(recipe_args: tuple, resume: str | None, report: dict | None, log) -> dict:
@@ -286,17 +349,6 @@ def train_logged(recipe_args: tuple, resume: str | None, report: dict | None, lo
 # ---------------------------------------------------------------------------------------------------------------------
 # Statistics of runs
 # ---------------------------------------------------------------------------------------------------------------------
-
-# Per-step metrics kept in a run's record (regime, regime_mechanism, smollm2_staleness).
-HISTORY_KEYS = (
-    "reward", "grad_norm", "entropy", "reuse/staleness_mean", "reuse/generated_tokens", "offpolicy/kl",
-    "offpolicy/log_weight/mean", "offpolicy/log_weight/std", "starvation/pos_length_mean",
-    "starvation/grad_throughput/pos", "starvation/grad_throughput/neg", "clip_ratio/region_mean",
-    "completions/mean_length", "learning_rate", "frac_reward_zero_std",
-    *(f"starvation/low_weight_pos/{k}" for k in ("n", "n_low", "mass", "mass_low", "respo_mass", "respo_mass_low",
-                                                  "vespo_mass", "vespo_mass_low")),
-)  # fmt: skip
-
 
 def largest_fall(curve: list[dict]) -> tuple[float, float, int | None]:
     """(peak, largest fall below the running peak, in points; the step where that fall is reached) of a held-out

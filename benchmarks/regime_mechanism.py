@@ -41,12 +41,17 @@ from pathlib import Path
 from benchmarks import regime_runs
 from benchmarks.common import (
     LOSS_ARGS,
+    REGIME_KEYS,
     command,
+    compact_history,
+    history_rows,
     kl_by_staleness,
     machine_info,
+    load_run,
     load_runs,
     paired,
     per_update_kl,
+    record_precision,
     run_pool,
     t_quantile,
     warm_start,
@@ -91,7 +96,7 @@ def search_points(runs: dict, stored: dict, smoke: bool) -> list[tuple[float, fl
              and r["seed"] == seed and r["N"] == N_of(smoke)]  # fmt: skip
     posthoc = Path(POSTHOC_7E5, "arms", run_name("respo", N_of(smoke), seed) + ".json")
     if not smoke and posthoc.exists():
-        found.append(json.loads(posthoc.read_text()))
+        found.append(load_run(posthoc))
     points = {r["lr"]: per_update_kl(r)["cycle"] for r in found}
     return sorted((lr, kl) for lr, kl in points.items() if kl)
 
@@ -176,8 +181,9 @@ def pairing_problem(run: dict, stored: dict) -> str | None:
     before = {(r.get("heldout") or {}).get("greedy_before") for r in same_seed} - {None}
     if before and (run.get("heldout") or {}).get("greedy_before") not in before:
         return f"greedy held-out before RL {(run.get('heldout') or {}).get('greedy_before')} != stored {sorted(before)}"
-    first = {r["history"][0].get("reward") for r in same_seed if r["N"] == run["N"]} - {None}
-    if first and run["history"][0].get("reward") not in first:
+    # at a record's precision: a record written before records were compact holds the reward unrounded
+    first = {record_precision(r["history"][0].get("reward")) for r in same_seed if r["N"] == run["N"]} - {None}
+    if first and record_precision(run["history"][0].get("reward")) not in first:
         return f"step-1 training reward {run['history'][0].get('reward')} != stored {sorted(first)}"
     return None
 
@@ -340,9 +346,11 @@ def summarize(args) -> dict:
 
 
 def reproduces(args) -> dict:
-    """Rerun the first ``--updates`` updates of a stored run with this checkout's code and compare every logged number
-    of those updates with the stored history: the runs of 5.5 span sessions and code changes, and pairing them with
-    5.3's runs is only sound while the code still reproduces those runs exactly (one thread: bit for bit)."""
+    """Rerun the first ``--updates`` updates of a stored run with this checkout's code and compare every number its
+    record keeps of those updates (:data:`~benchmarks.common.REGIME_KEYS`, to the record's precision; a record written
+    before records were compact is compacted first) with the new run's: the runs of 5.5 span sessions and code
+    changes, and pairing them with 5.3's runs is only sound while the code still reproduces those runs exactly (one
+    thread: bit for bit, to the record's six significant digits)."""
     import tempfile
 
     stored = load_runs(Path(args.stored, "arms"))[run_name(args.arm, N_of(args.smoke) if args.arm != "onpolicy"
@@ -354,12 +362,13 @@ def reproduces(args) -> dict:
                     logs_dir=tmp, needs="warm")  # fmt: skip
         warm = (warm_start, ("dense", args.seed, [*spec["setting_args"], *spec["extra"]], spec["warm_path"]))
         fresh = run_pool([spec], run_one, workers=1, done={}, prepare={"warm": warm})[stored["name"]]
-    old = {h["step"]: h for h in stored["history"] if h["step"] <= args.updates}
+    kept = history_rows(compact_history(stored["history"], REGIME_KEYS))
+    old = {h["step"]: h for h in kept if h["step"] <= args.updates}
     new = {h["step"]: h for h in fresh["history"]}
     differ = [f"step {step} {key}: {old[step][key]!r} -> {new[step].get(key)!r}" for step in sorted(old)
               for key in old[step] if not _same(old[step][key], new.get(step, {}).get(key))]  # fmt: skip
     compared = sum(len(h) for h in old.values())
-    print(f"{stored['name']}: {compared} logged numbers of updates 1-{args.updates} compared, {len(differ)} differ")
+    print(f"{stored['name']}: {compared} recorded numbers of updates 1-{args.updates} compared, {len(differ)} differ")
     for line in differ[:20]:
         print("  " + line)
     if differ:

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from benchmarks.common import (
-    HISTORY_KEYS,
+    REGIME_KEYS,
+    compact_history,
     late_mean,
     load_runs,
     per_update_kl,
@@ -167,7 +168,7 @@ def run_one(spec: dict) -> dict:
             record = {
                 **{k: spec[k] for k in ("name", "stage", "arm", "setting", "lr", "N", "seed", "updates")},
                 "loss_args": spec["loss_args"],
-                "history": [{"step": h["step"], **{k: h[k] for k in HISTORY_KEYS if k in h}} for h in history if "loss" in h],
+                "history": compact_history([h for h in history if "loss" in h], REGIME_KEYS),
                 "generated_tokens": report["training"]["generated_tokens"],
                 "global_step": report["training"]["global_step"],
             }  # fmt: skip

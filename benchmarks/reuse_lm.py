@@ -45,13 +45,17 @@ from pathlib import Path
 
 from benchmarks.common import (
     LOSS_ARGS,
+    REUSE_LM_KEYS,
     code_commit,
     command,
+    compact_history,
     largest_fall,
+    load_run,
     load_runs,
     machine_info,
     pos_length_growth,
     run_pool,
+    save_run,
     spread,
     tokens_to_reach,
     warm_start,
@@ -65,17 +69,6 @@ ALL_LOSSES = tuple(LOSS_ARGS)
 # runs and stands for all. GSPO (TRL grpo: a per-sequence mean) trains differently even on-policy.
 SAME_ON_POLICY = ("dapo", "vespo", "respo", "respo_nomask", "respo_mask", "respo_pos1", "respo_neg1", "respo_flat",
                   "respo_first", "respo_current")
-# Per-step metrics kept in each arm's JSON, for the per-pass analysis (--passes-from); not the regime runs' keys
-# (benchmarks.common.HISTORY_KEYS).
-HISTORY_KEYS = (
-    "grad_norm", "entropy", "reward", "offpolicy/ess", "offpolicy/log_weight/min", "offpolicy/log_weight/max",
-    "clip_ratio/region_mean", "starvation/grad_throughput/pos", "starvation/grad_throughput/neg",
-    "starvation/clip_grad_throughput/pos", "starvation/clip_grad_throughput/neg", "respo/trust_masked_frac",
-    "starvation/zero_coef_token_frac", "starvation/low_weight_pos/share", "starvation/low_weight_pos/mass_share",
-    "starvation/pos_length_mean", "reuse/staleness_mean", "reuse/pass", "reuse/grad_norm_vs_fresh", "respo/phi_mean/pos",
-    "respo/phi_mean/neg", "completions/mean_length", "offpolicy/kl", "offpolicy/log_weight/mean", "learning_rate",
-    "starvation/low_weight_pos/n", "starvation/low_weight_pos/n_low", "clip_ratio/low_mean", "clip_ratio/high_mean",
-)  # fmt: skip
 # Early means kept per arm (first quarter of the optimizer steps): name in the JSON -> logged metric.
 EARLY_KEYS = {
     "grad_throughput_pos": "starvation/grad_throughput/pos",
@@ -168,7 +161,7 @@ def run_arm(spec: dict) -> dict:
             "grad_throughput_neg": mean_of(steps, "starvation/grad_throughput/neg"),
             "ess": mean_of(steps, "offpolicy/ess"),
         },
-        "history": [{"step": h["step"], **{k: h[k] for k in HISTORY_KEYS if k in h}} for h in history if "loss" in h],
+        "history": compact_history([h for h in history if "loss" in h], REUSE_LM_KEYS),
         "refreshes": int(max((h.get("reuse/refreshes", 0) for h in history), default=0)),  # ESS-floor resamples
         "ess_before_pass": mean_of(history, "reuse/ess_before_pass"),
         "reward_last": report["training"]["reward_last"],
@@ -180,8 +173,7 @@ def run_arm(spec: dict) -> dict:
         size = min(len(rows) for rows in answers.values())
         with gzip.open(Path(spec["runs_dir"], spec["name"] + ".answers.json.gz"), "wt") as f:
             json.dump({str(step): rows[:size] for step, rows in sorted(answers.items())}, f)
-    Path(spec["runs_dir"], spec["name"] + ".json").write_text(json.dumps(result))
-    return result
+    return save_run(Path(spec["runs_dir"], spec["name"] + ".json"), result)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -315,7 +307,7 @@ def per_pass(arm: dict, steps: int) -> list[dict]:
     for p in range(reuse):
         chunk = [h for h in rows if (h["step"] - 1) % reuse == p]
         table.append(
-            {k: statistics.fmean(h[k] for h in chunk if k in h) for k in HISTORY_KEYS if any(k in h for h in chunk)}
+            {k: statistics.fmean(h[k] for h in chunk if k in h) for k in REUSE_LM_KEYS if any(k in h for h in chunk)}
         )
     return table
 
@@ -628,13 +620,13 @@ def write_safety(folders: list[str], out: Path, argv) -> dict:
     tables and ``safety.png`` (held-out curves per seed, dapo against each arm; coefficients by pass)."""
     import gzip
 
-    results = [json.loads(f.read_text()) for d in folders for f in sorted(Path(d, "arms").glob("*.json"))]
+    results = [run for d in folders for run in load_runs(Path(d, "arms")).values()]
     settings = safety(results)
     problems = heldout_problems([], 200)
     for d in folders:  # answer forms of each arm at its peak point and at its last curve point (200 problems)
         for f in sorted(Path(d, "arms").glob("*.answers.json.gz")):
             answers = json.loads(gzip.open(f, "rt").read())
-            run = json.loads(Path(str(f).replace(".answers.json.gz", ".json")).read_text())
+            run = load_run(str(f).replace(".answers.json.gz", ".json"))
             steps = [int(k) for k in answers]
             peak_step = max((p for p in run["curve"] if p["step"] in steps), key=lambda p: p["accuracy"])["step"]
             forms = {"peak": {"step": peak_step, **answer_forms(problems, answers[str(peak_step)])},
@@ -644,7 +636,8 @@ def write_safety(folders: list[str], out: Path, argv) -> dict:
     reading["config"] = {"folders": folders, "margin_points": SAFE_MARGIN, "fall_points": FALL, "reference": CLIPPED,
                          "machine": machine_info(), "command": command("reuse_lm", argv)}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    (out / "safety.json").write_text(json.dumps(reading, indent=1, default=str))
+    # one line without spaces: ~9,000 numbers that tools read (its tables are safety.md), 40% smaller than indented
+    (out / "safety.json").write_text(json.dumps(reading, default=str, separators=(",", ":")))
     plot_safety(reading, out / "safety.png")
     print(safety_markdown(reading))
     return reading
@@ -808,7 +801,7 @@ def main(argv=None) -> dict:
         keys = ("grad_norm", "clip_ratio/region_mean", "respo/trust_masked_frac", "offpolicy/log_weight/min", "entropy")
         print(f"{'arm':<28} {'pass':>4} " + " ".join(f"{k.split('/')[-1]:>14}" for k in keys))
         for path in args.passes_from:
-            arm = json.loads(Path(path).read_text())
+            arm = load_run(path)
             for i, row in enumerate(per_pass(arm, args.passes_steps), 1):
                 cells = " ".join(f"{row[k]:>14.4f}" if k in row else f"{'-':>14}" for k in keys)
                 print(f"{arm['name']:<28} {i:>4} {cells}")
@@ -819,7 +812,7 @@ def main(argv=None) -> dict:
         return summary
     out = Path(args.out)
     if args.summarize_from:  # e.g. one figure from the arms of several runs (different learning rates need --out each)
-        results = [json.loads(f.read_text()) for d in args.summarize_from for f in sorted(Path(d, "arms").glob("*.json"))]
+        results = [run for d in args.summarize_from for run in load_runs(Path(d, "arms")).values()]
         return write_summary(results, args, argv, out)
     work = Path(args.work)
     runs_dir, warm_dir, scratch, logs = out / "arms", work / "warm", work / "scratch", work / "logs"

@@ -49,8 +49,9 @@ import time
 from pathlib import Path
 
 from benchmarks.common import (
-    HISTORY_KEYS,
+    SMOLLM2_KEYS,
     code_commit,
+    compact_history,
     late_mean,
     load_runs,
     paired,
@@ -201,7 +202,7 @@ def run_one(spec: dict) -> dict:
         record = {
             **spec_fields(spec), "kind": spec["kind"], "stage": spec["stage"], "commit": first["commit"],
             "started_at": first["started_at"], **({"resumed_at_commit": commit} if commit != first["commit"] else {}),
-            "history": [{"step": h["step"], **{k: h[k] for k in HISTORY_KEYS if k in h}} for h in history if "loss" in h],
+            "history": compact_history([h for h in history if "loss" in h], SMOLLM2_KEYS),
             "generated_tokens": report["training"]["generated_tokens"], "global_step": report["training"]["global_step"],
         }  # fmt: skip
         tokenizer = AutoTokenizer.from_pretrained(output_dir)

@@ -536,7 +536,7 @@ def write(result: dict, out_dir: str) -> str:
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "starvation_lab.json")
     with open(path, "w") as f:
-        json.dump(_round(result), f, allow_nan=True)  # one line, read it with a tool
+        json.dump(_round(result), f, allow_nan=True, separators=(",", ":"))  # one line, read it with a tool
     return path
 
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT
 
 from benchmarks import reuse_lm as bench
-from benchmarks.common import compact_history, history_rows, load_runs, tokens_to_reach
+from benchmarks.common import REUSE_LM_KEYS, compact_history, history_rows, load_runs, tokens_to_reach
 
 
 def test_tokens_to_reach_interpolates_and_says_never():
@@ -98,6 +98,7 @@ def test_smoke_run_of_the_script(tmp_path):
         else:  # staleness: the same 4 policy updates, N = 2 per rollout batch, so 2 generation batches
             assert arm["global_step"] == 4 and [p["step"] for p in arm["curve"]] == [0, 2, 4]
         assert arm["generated_tokens"] > 0 and 0 <= arm["after"] <= 1
+        assert set(arm["history"]) <= {"step", *REUSE_LM_KEYS}  # written compact: columns of the kept keys
     n2, r1 = arms["dense-respo-N2-seed0"], arms["dense-dapo-R1-seed0"]
     # each sample used once: the same sampled tokens per update as on-policy (2 rollout batches of 2 mini-batches)
     assert n2["generated_tokens"] / n2["global_step"] == pytest.approx(r1["generated_tokens"] / r1["global_step"], rel=0.5)

@@ -13,6 +13,7 @@ import torch
 from conftest import ROOT
 
 from benchmarks import smollm2_staleness as study
+from benchmarks.common import SMOLLM2_KEYS
 from respo_trl.builtin.tiny_model import build_char_tokenizer, tiny_qwen3
 
 
@@ -193,6 +194,7 @@ def test_smoke_run_of_every_stage(tiny_model_dir, tmp_path):
     assert row["test"] is not None and row["generated_tokens"] > 0 and not math.isnan(row["wall_s"])
     assert len(row["low_w_share_by_cycle"]) == 2 and (out / "smollm2_staleness.png").is_file()
     record = json.loads((out / "arms" / "respo_s1.json").read_text())  # every test answer kept, graded
+    assert set(record["history"]) <= {"step", *SMOLLM2_KEYS}  # written compact: columns of the kept keys
     answers = record["test"]["answers"]
     assert len(answers) == study.SMOKE["eval_problems"] * study.EVAL_SAMPLES
     assert statistics.fmean(a[2] for a in answers) == record["test"]["accuracy"]
