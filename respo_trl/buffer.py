@@ -218,10 +218,14 @@ class RolloutBuffer:
             threshold=args.respo_adaptive_threshold_active,
         )
 
-    @property
-    def samples_next(self) -> bool:
-        """Whether the next micro-batch starts a new cycle on a fresh batch (a cycle ended, or nothing is stored)."""
-        return self.position == 0 or self.batch is None
+    def samples_next(self, measure: Callable[[Batch], dict[str, float] | None]) -> bool:
+        """Whether the next micro-batch will sample a fresh batch: a cycle ended (or nothing is stored), or the drift
+        check before it stops or refreshes the stored batch (``measure`` as for :meth:`next_micro_batch`, on the policy
+        that will serve it; the check is made again, with the same result, when the micro-batch is served)."""
+        if self.position == 0 or self.batch is None:
+            return True
+        rows = self._rows_to_check(*divmod(self.position, self.steps_per_generation))
+        return rows is not None and self._decision(measure(rows)) is not None
 
     @property
     def cycle_length(self) -> int:

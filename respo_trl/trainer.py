@@ -113,6 +113,11 @@ class ReSPOTrainer(GRPOTrainer):
             self._metrics["train"]["reuse/kl_before_pass"].append(served.signals["kl"])
         return unsplit_pixel_values_by_grid(served.batch)
 
+    def samples_next(self) -> bool:
+        """Whether the next training micro-batch will sample fresh rollouts (where a sampling budget can stop a run
+        without cutting a batch short): the buffer's schedule, with the drift check it would make."""
+        return self.rollouts.samples_next(self._drift)
+
     def _sample(self, generation_batch) -> dict:
         """A fresh generation batch for the buffer: TRL's generation and scoring, in TRL's row order or whole groups."""
         batch = split_pixel_values_by_grid(self._generate_and_score_completions(generation_batch))

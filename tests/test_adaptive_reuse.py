@@ -108,6 +108,23 @@ def test_resume_keeps_the_cycle_position_and_the_batch_the_drift_is_measured_aga
         torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("threshold", [1e-12, 1e9])
+def test_a_token_budget_stops_where_the_next_batch_would_be_sampled(make_trainer, threshold):
+    """The recipe's --max_generated_tokens under adaptive reuse: where every check stops its batch (threshold 1e-12)
+    the run stops right after the budget, not where a batch happens to serve all its passes (which never comes); where
+    none does (1e9) it stops at a cycle's end, as fixed epochs do. Either way it overshoots by less than a batch."""
+    from respo_trl.recipe.heldout import token_budget
+
+    trainer = make_trainer(num_iterations=4, max_steps=200, respo_adaptive_reuse="kl", respo_adaptive_threshold=threshold)
+    trainer.add_callback(token_budget(trainer, 300))
+    trainer.train()
+    logs = logs_of(trainer)
+    tokens, steps = trainer.rollouts.generated_tokens, trainer.state.global_step
+    per_batch = max(h["reuse/generated_tokens_per_step"] for h in logs)
+    assert 300 <= tokens < 300 + per_batch and steps < 200
+    assert (steps % 4 == 0) if threshold > 1 else logs[-1]["reuse/pass"] == 1
+
+
 @pytest.mark.parametrize(
     "fields, message",
     [

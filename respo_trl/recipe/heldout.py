@@ -170,6 +170,20 @@ def best_checkpoint_accuracy(trainer, best: dict, best_dir: str, final_dir: str,
     }
 
 
+def token_budget(trainer, max_generated_tokens: int):
+    """A callback that stops training once ``max_generated_tokens`` completion tokens were sampled, at the first step
+    after which the next micro-batch would sample a new batch (``ReSPOTrainer.samples_next``: a cycle's end, or a
+    drift check that stops the batch), so the budget never cuts a batch short and overshoots by less than a batch."""
+    from transformers import TrainerCallback
+
+    class TokenBudget(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if trainer.rollouts.generated_tokens >= max_generated_tokens and trainer.samples_next():
+                control.should_training_stop = True
+
+    return TokenBudget()
+
+
 def make_callbacks(report, heldout: HeldoutEvaluator, save_at_steps=(), max_generated_tokens=None):
     """A compact progress bar; when ``heldout.every`` > 0 (steps) or ``heldout.every_tokens`` > 0 (sampled tokens), a
     held-out accuracy point at that interval, recorded in the run's report
@@ -207,14 +221,6 @@ def make_callbacks(report, heldout: HeldoutEvaluator, save_at_steps=(), max_gene
             if self.bar is not None:
                 self.bar.close()
 
-    class TokenBudget(TrainerCallback):
-        """Stop once ``max_generated_tokens`` were sampled, where the next micro-batch would sample a new batch."""
-
-        def on_step_end(self, args, state, control, **kwargs):
-            rollouts = heldout.trainer.rollouts
-            if rollouts.generated_tokens >= max_generated_tokens and rollouts.samples_next:
-                control.should_training_stop = True
-
     class HeldoutCurve(TrainerCallback):
         """Held-out accuracy every ``every`` optimizer steps or ``every_tokens`` sampled tokens, against generated
         tokens (all processes take part); none at the run's last step, which the final measurement covers."""
@@ -237,7 +243,7 @@ def make_callbacks(report, heldout: HeldoutEvaluator, save_at_steps=(), max_gene
             if state.global_step in save_at_steps:
                 control.should_save = True
 
-    budget = [TokenBudget()] if max_generated_tokens else []  # before the curve: no point where the run stops
+    budget = [token_budget(heldout.trainer, max_generated_tokens)] if max_generated_tokens else []  # before the curve
     return [CompactProgress(), *budget, HeldoutCurve(), *([SaveAt()] if save_at_steps else [])]
 
 
