@@ -142,7 +142,8 @@ def run_checkpoint(spec: dict) -> dict:
                 "rewards": sampled["reward"], "advantages": [round(a, 6) for a in advantages.tolist()],
                 "log_w": [round(w, 6) for w in log_w.tolist()], "lengths": mask.sum(-1).int().tolist(),
                 "low_w_positives": int((positive & (log_w < -1)).sum()), "positives": int(positive.sum()),
-                "kl_per_token": float(((torch.expm1(old - logps.detach()) - (old - logps.detach())) * mask).sum()
+                # k3 estimate of KL(pi_old || pi_theta) per token on pi_old's samples: r - 1 - log r, r = pi_theta / pi_old
+                "kl_per_token": float(((torch.expm1(logps.detach() - old) - (logps.detach() - old)) * mask).sum()
                                       / mask.sum()),
                 "alignment": {loss: ga.alignment(g, reference) for loss, g in grads.items()},
                 "norms": {loss: g.norm().item() for loss, g in grads.items()},
