@@ -370,8 +370,7 @@ def run_smollm2(spec: dict) -> dict:
               "refreshes": int(max((h.get("reuse/refreshes", 0) for h in history), default=0)),
               "history": compact_history(history, TRACE_KEYS), "train_s": report["time_s"]["train"],
               "wall_s": time.time() - start, "commit": commit, "started_at": started_at}  # fmt: skip
-    Path(spec["runs_dir"], spec["name"] + ".json").write_text(json.dumps(record))
-    return record
+    return save_run(Path(spec["runs_dir"], spec["name"] + ".json"), record)
 
 
 def smollm2(args) -> dict:
