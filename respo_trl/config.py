@@ -119,7 +119,8 @@ class ReSPOConfig(GRPOConfig):
             Reuse that adapts to the learning rate: under epochs (``num_iterations = R > 1``), before each reuse pass
             the trainer measures how far the policy has moved from the one that sampled the batch (one no-grad
             forward over the batch) and, past ``respo_adaptive_threshold``, drops the batch's remaining passes and
-            samples a fresh batch, which may again serve up to ``R`` passes. ``"kl"``: the mean per-token
+            samples a fresh batch on new prompts (the prompt sampler moves on after every pass), which may again
+            serve up to ``R`` passes. ``"kl"``: the mean per-token
             KL(pi_old || pi_theta) above the threshold (PPO's ``target_kl`` early stop, whose ``1.5 x target_kl`` is
             the threshold here); ``"ess"``: the normalised ESS of the sequence weights ``W`` below it. Every
             ``loss_type``. Unset: every batch serves ``R`` passes, as in TRL. Logged: ``reuse/kl_before_pass``,

@@ -118,6 +118,16 @@ class ReSPOTrainer(GRPOTrainer):
         without cutting a batch short): the buffer's schedule, with the drift check it would make."""
         return self.rollouts.samples_next(self._drift)
 
+    def _get_train_sampler(self, dataset=None):
+        # TRL's sampler repeats each generation batch's prompts for all num_iterations passes. Under adaptive reuse a
+        # batch the drift check stops is followed by a fresh one, which should see new prompts (as PPO's early stop is
+        # followed by new episodes), not the same ones again: the prompts move on after every pass, and those of the
+        # passes a batch does serve are simply not sampled.
+        sampler = super()._get_train_sampler(dataset)
+        if self.args.respo_adaptive_reuse is not None:  # (an iterable dataset's stream is TRL's to repeat)
+            sampler.repeat_count = self.args.steps_per_generation
+        return sampler
+
     def _sample(self, generation_batch) -> dict:
         """A fresh generation batch for the buffer: TRL's generation and scoring, in TRL's row order or whole groups."""
         batch = split_pixel_values_by_grid(self._generate_and_score_completions(generation_batch))

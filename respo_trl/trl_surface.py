@@ -42,6 +42,7 @@ TRL_METHODS = {
     "_save_checkpoint": (("self", "model", "trial"), False),
     "_load_optimizer_and_scheduler": (("self", "checkpoint"), False),
     "create_model_card": (("self", "model_name", "dataset_name", "tags"), False),
+    "_get_train_sampler": (("self", "dataset"), False),
     "get_high_entropy_mask": (("self", "entropies", "mask", "threshold"), False),
     "get_off_policy_mask": (
         ("advantages", "per_token_logps", "sampling_per_token_logps", "mask", "off_policy_threshold"), True

@@ -67,8 +67,18 @@ def test_a_threshold_every_drift_passes_samples_a_fresh_batch_every_step(make_tr
 
 
 def test_a_threshold_no_drift_passes_trains_exactly_as_fixed_epochs(make_trainer):
-    """Catches a stop that fires every step, and a check that changes the run (RNG, model state) by being made."""
+    """Catches a stop that fires every step, and a check that changes the run (RNG, model state) by being made. The
+    fixed run is given adaptive reuse's sampler (new prompts every pass, the next test), so both sample the same
+    prompts at each cycle's start."""
     fixed = make_trainer(num_iterations=4, max_steps=5)
+    trl_sampler = fixed._get_train_sampler
+
+    def one_pass_sampler(dataset=None):
+        sampler = trl_sampler(dataset)
+        sampler.repeat_count = fixed.args.steps_per_generation
+        return sampler
+
+    fixed._get_train_sampler = one_pass_sampler
     fixed.train()
     adaptive = make_trainer(num_iterations=4, max_steps=5, respo_adaptive_reuse="ess", respo_adaptive_threshold=1e-9)
     adaptive.train()
@@ -82,16 +92,16 @@ def test_a_threshold_no_drift_passes_trains_exactly_as_fixed_epochs(make_trainer
 
 
 def test_resume_keeps_the_cycle_position_and_the_batch_the_drift_is_measured_against(make_trainer, tmp_path):
-    """6 steps straight == 5 steps, checkpoint, resume, 1 step. At lr 1e-2 with threshold 0.05 the straight run stops
-    its batch before steps 2, 3, 4 and 6 and serves a second pass at step 5, so the checkpoint after step 5 falls
-    inside a cycle: the resumed run must measure step 6's drift against the stored batch and stop as the straight run
-    did."""
+    """6 steps straight == 5 steps, checkpoint, resume, 1 step. At lr 1e-2 with threshold 0.1 the straight run stops
+    its batch before steps 2, 3 and 4 and serves its fourth batch's second and third passes at steps 5 and 6, so the
+    checkpoint after step 5 falls inside a cycle: the resumed run must measure step 6's drift (0.075) against the
+    stored batch and serve its third pass as the straight run did."""
     setup = dict(num_iterations=3, per_device_train_batch_size=4, gradient_accumulation_steps=1, max_steps=6,
-                 respo_adaptive_reuse="kl", respo_adaptive_threshold=0.05)  # fmt: skip
+                 respo_adaptive_reuse="kl", respo_adaptive_threshold=0.1)  # fmt: skip
     straight = make_trainer(**setup)
     straight.train()
     straight_logs = logs_of(straight)
-    assert [h["reuse/pass"] for h in straight_logs] == [1, 1, 1, 1, 2, 1]  # both decisions are exercised
+    assert [h["reuse/pass"] for h in straight_logs] == [1, 1, 1, 1, 2, 3]  # both decisions are exercised
 
     first = make_trainer(**setup, save_strategy="steps", save_steps=5, output_dir=str(tmp_path / "run"))
     first.add_callback(StopAt(5))
@@ -242,3 +252,29 @@ def test_smoke_run_of_the_benchmark(tmp_path, tiny_model_dir):
     stage("smollm2")
     demo = json.loads((out / "smollm2" / "smollm2.json").read_text())["runs"]
     assert set(demo) == {"R4", "R4-kl0.001"} and demo["R4"]["batches"] == 1 and (out / "smollm2" / "smollm2.png").is_file()
+
+
+def test_a_batch_sampled_after_a_stop_sees_new_prompts(make_trainer):
+    """TRL's sampler repeats a generation batch's prompts for all num_iterations passes; under adaptive reuse the
+    batch that follows a stopped one must not sample the same prompts again (catches the sampler left as TRL's), while
+    fixed epochs keep TRL's sampler exactly."""
+    prompts = {}
+
+    def record(trainer):
+        sample = trainer._sample
+
+        def sample_and_record(generation_batch):
+            batch = sample(generation_batch)
+            prompts.setdefault(id(trainer), []).append(tuple(map(tuple, batch["prompt_ids"].tolist())))
+            return batch
+
+        trainer._sample = sample_and_record
+        return trainer
+
+    adaptive = record(make_trainer(num_iterations=4, max_steps=4, respo_adaptive_reuse="kl", respo_adaptive_threshold=1e-12))
+    adaptive.train()
+    seen = prompts[id(adaptive)]
+    assert len(seen) == 4 and len({frozenset(p) for p in seen}) == 4  # four batches, four sets of prompts
+    fixed = make_trainer(num_iterations=4, max_steps=4)
+    assert fixed._get_train_sampler().repeat_count == 4 * fixed.args.steps_per_generation  # TRL's own
+    assert adaptive._get_train_sampler().repeat_count == adaptive.args.steps_per_generation
