@@ -71,7 +71,7 @@ def dapo_loss(logps, old, adv, mask, num_items):
 
 
 def respo_loss(logps, old, adv, mask, num_items):
-    coef = respo_coefficients(logps - old, adv, mask, PARAMS)  # (B, T), what ReSPOTrainer.get_gamma_weights returns
+    coef = respo_coefficients(logps - old, adv, mask, PARAMS)  # (B, T), what trl_loss.respo_grpo_loss applies
     return (-coef * adv * logps * mask).sum() / num_items
 
 

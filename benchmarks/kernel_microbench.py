@@ -12,8 +12,8 @@ The policy-loss part of one training step, on synthetic per-token log-probs (bat
   ``per_token_loss = -min(coef_1 * A, coef_2 * A)``, then ``(per_token_loss * mask).sum() / num_items``.
 * ``vespo`` TRL's own ``GRPOTrainer.get_gamma_weights`` (a staticmethod, called as TRL calls it), then
   ``-phi * A * logp`` and the same aggregation.
-* ``respo`` the exact path ``ReSPOTrainer`` runs: TRL's vespo branch with the coefficient from
-  :func:`respo_trl.kernels.respo_coefficients` (what ``ReSPOTrainer.get_gamma_weights`` returns; the paper's constants
+* ``respo`` the path ``ReSPOTrainer`` runs: TRL's vespo-branch aggregation with the coefficient from
+  :func:`respo_trl.kernels.respo_coefficients` (what :func:`respo_trl.trl_loss.respo_grpo_loss` applies; the paper's constants
   ``(2, 0.5, 2)`` / ``(1, 0.5, 2)``, raw sequence ratio, no token mask: each sample used once), then
   ``-c * A * logp`` and the same aggregation.
 * ``respo_mask`` the same with the directional token trust mask (``respo_trust_mask``: on by default when samples are
@@ -140,7 +140,7 @@ def vespo_loss(x: dict) -> torch.Tensor:
 
 
 def _respo(x: dict, params: LossParams) -> torch.Tensor:
-    # What ReSPOTrainer runs: TRL's vespo branch, where get_gamma_weights returns respo_coefficients(...) (B, T)
+    # What ReSPOTrainer runs (trl_loss.respo_grpo_loss): TRL's vespo-branch aggregation, coefficient respo_coefficients
     log_ratio = x["logp"] - x["old"]
     coef = respo_coefficients(log_ratio, x["advantages"], x["mask"], params)
     per_token_loss = -coef * x["advantages"] * x["logp"]
