@@ -294,7 +294,7 @@ class RolloutBuffer:
             return None
         if self.adaptive == "kl" and signals["kl"] > self.threshold:
             return "stop"
-        if self.adaptive == "ess" and signals["ess"] < self.threshold:
+        if self.adaptive == "ess" and signals["policy_ess"] < self.threshold:  # the policy's drift alone
             return "stop"
         if self.min_ess is not None and signals["ess"] < self.min_ess:
             return "refresh"

@@ -122,9 +122,11 @@ class ReSPOConfig(GRPOConfig):
             samples a fresh batch on new prompts (the prompt sampler moves on after every pass), which may again
             serve up to ``R`` passes. ``"kl"``: the mean per-token
             KL(pi_old || pi_theta) above the threshold (PPO's ``target_kl`` early stop, whose ``1.5 x target_kl`` is
-            the threshold here); ``"ess"``: the normalised ESS of the sequence weights ``W`` below it. Every
-            ``loss_type``. Unset: every batch serves ``R`` passes, as in TRL. Logged: ``reuse/kl_before_pass``,
-            ``reuse/ess_before_pass``, ``reuse/refreshes``, ``reuse/pass`` (docs/reuse.md).
+            the threshold here); ``"ess"``: the normalised ESS of the policy ratios ``pi_theta / pi_old`` of the
+            sequences below it (vLLM's sampler correction left out: it is there on the fresh pass already). Every
+            ``loss_type``; needs ``max_steps`` and a map-style dataset. Unset: every batch serves ``R`` passes, as in
+            TRL. Logged: ``reuse/kl_before_pass``, ``reuse/policy_ess_before_pass``, ``reuse/ess_before_pass``,
+            ``reuse/refreshes``, ``reuse/pass`` (docs/reuse.md).
         respo_adaptive_threshold (`float`, *optional*):
             The drift at which ``respo_adaptive_reuse`` stops a batch: a KL in nats per token (> 0) or an ESS in
             (0, 1).
@@ -419,6 +421,11 @@ class ReSPOConfig(GRPOConfig):
                 f"also reuses by staleness (steps_per_generation={self.steps_per_generation} = {updates} optimizer "
                 "steps per pass): set respo_updates_per_rollout=1 (steps_per_generation = "
                 "gradient_accumulation_steps), or unset respo_adaptive_reuse (respo_min_ess refreshes under staleness)"
+            )
+        if self.max_steps is None or self.max_steps <= 0:  # an epoch of the prompts is not TRL's under adaptive reuse
+            raise ValueError(
+                f"respo_adaptive_reuse={self.respo_adaptive_reuse!r} moves the prompt sampler on after every pass, so "
+                "num_train_epochs would give about num_iterations times fewer updates than TRL's epochs: set max_steps"
             )
 
     # -- resolved settings (what the trainer uses) --------------------------------------------------------------------

@@ -194,21 +194,36 @@ def clipped_coefficients(log_ratio: Tensor, advantages: Tensor, mask: Tensor, pa
 
 
 def drift_rows(logps: Tensor, old_logps: Tensor, mask: Tensor, sampler_ratio: Tensor | None = None) -> Tensor:
-    """Per sequence, what the adaptive-reuse check gathers (B, 4): ``log W`` (sampler correction included), whether it
-    is defined, the summed k3 KL(pi_old || pi_theta) over the kept tokens (sampler correction excluded, as
-    ``offpolicy/kl``) and the kept-token count. :func:`drift_signals` turns the gathered rows into the two signals."""
+    """Per sequence, what the reuse checks gather (B, 6): ``log W`` (sampler correction included) and whether it is
+    defined; the summed k3 KL(pi_old || pi_theta) over the kept tokens with a finite log-ratio and their count
+    (sampler correction excluded, as ``offpolicy/kl``); the policy's own ``log(pi_theta / pi_old)`` (sampler
+    correction excluded) and whether it is defined. :func:`drift_signals` turns the gathered rows into the signals.
+
+    The drift signals leave the engine's sampler correction out: it is there on a batch's fresh pass already, so
+    under vLLM a threshold on it would stop batches the policy has not moved from. ``ess`` keeps it, because the
+    ESS floor (``respo_min_ess``) is on the weights the kernel sees."""
     with torch.no_grad():
         log_c, kept = fold_sampler_ratio(sampler_ratio, mask)
-        log_w = sequence_log_weight(logps - old_logps, kept, log_c)
+        log_ratio = logps - old_logps
+        log_w = sequence_log_weight(log_ratio, kept, log_c)
         valid = kept.any(-1) & torch.isfinite(log_w)
-        rho = torch.where(kept, (logps - old_logps).float(), 0.0)
-        kl = torch.where(kept, torch.expm1(rho) - rho, 0.0).sum(-1)
-        return torch.stack([log_w, valid.float(), kl, kept.float().sum(-1)], dim=-1)
+        log_w_policy = sequence_log_weight(log_ratio, kept)
+        valid_policy = kept.any(-1) & torch.isfinite(log_w_policy)
+        finite = kept & torch.isfinite(log_ratio)  # one bad log-prob must not turn the batch's KL into NaN
+        rho = torch.where(finite, log_ratio.float(), 0.0)
+        kl = torch.where(finite, torch.expm1(rho) - rho, 0.0).sum(-1)
+        columns = [log_w, valid.float(), kl, finite.float().sum(-1), log_w_policy, valid_policy.float()]
+        return torch.stack(columns, dim=-1)
 
 
 def drift_signals(rows: Tensor) -> dict[str, float]:
-    """``ess``: the normalised Kish ESS of the defined ``W``; ``kl``: the per-token KL over all kept tokens."""
-    return {"ess": kish_ess(rows[:, 0][rows[:, 1] > 0]).item(), "kl": (rows[:, 2].sum() / rows[:, 3].sum().clamp(min=1.0)).item()}
+    """``ess``: the normalised Kish ESS of the defined ``W`` (the ESS floor's); ``kl``: the per-token KL over all kept
+    tokens; ``policy_ess``: the ESS of ``pi_theta / pi_old`` alone (adaptive reuse's ``"ess"``)."""
+    return {
+        "ess": kish_ess(rows[:, 0][rows[:, 1] > 0]).item(),
+        "kl": (rows[:, 2].sum() / rows[:, 3].sum().clamp(min=1.0)).item(),
+        "policy_ess": kish_ess(rows[:, 4][rows[:, 5] > 0]).item(),
+    }
 
 
 def positive_low_weight_stats(

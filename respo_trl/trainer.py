@@ -92,6 +92,11 @@ class ReSPOTrainer(GRPOTrainer):
         self._loss_name = registered_loss_for(self.loss_type)
         # the reuse schedule (passes, refreshes, adaptive stops) and its rollouts
         self.rollouts = RolloutBuffer.from_config(args, self.accelerator.num_processes)
+        if args.respo_adaptive_reuse is not None and not hasattr(self.train_dataset, "__len__"):
+            raise ValueError(  # a stream is TRL's to repeat (see _get_train_sampler): a stop would meet old prompts
+                f"respo_adaptive_reuse={args.respo_adaptive_reuse!r} needs a map-style train_dataset (a stream repeats "
+                "each batch's prompts for every pass): load the dataset without streaming, or unset respo_adaptive_reuse"
+            )
         self._sampler_gap_warned = False  # the sampler-gap alarm fires once per run
         if args.respo_routing_replay:  # MoE Routing Replay (R3): respo_trl/routing_replay.py
             self.routing_replay = attach_routing_replay(self)
@@ -111,6 +116,7 @@ class ReSPOTrainer(GRPOTrainer):
         if served.signals is not None:
             self._metrics["train"]["reuse/ess_before_pass"].append(served.signals["ess"])
             self._metrics["train"]["reuse/kl_before_pass"].append(served.signals["kl"])
+            self._metrics["train"]["reuse/policy_ess_before_pass"].append(served.signals["policy_ess"])
         return unsplit_pixel_values_by_grid(served.batch)
 
     def samples_next(self) -> bool:

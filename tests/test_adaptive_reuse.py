@@ -23,11 +23,13 @@ def serve(buffer, drifts, steps):
     return served, checked
 
 
-@pytest.mark.parametrize("signal, stop, go", [("kl", 0.5, 0.1), ("ess", 0.1, 0.9)])
-def test_a_batch_is_cut_short_when_its_drift_passes_the_threshold(signal, stop, go):
+@pytest.mark.parametrize("signal, key, stop, go", [("kl", "kl", 0.5, 0.1), ("ess", "policy_ess", 0.1, 0.9)])
+def test_a_batch_is_cut_short_when_its_drift_passes_the_threshold(signal, key, stop, go):
     buffer = RolloutBuffer(reuse=4, steps_per_generation=1, adaptive=signal, threshold=0.3)
-    other = {"kl": 0.0, "ess": 1.0}  # the signal not in use never decides
-    drift = lambda value: {**other, signal: value}  # noqa: E731
+    # the signals not in use never decide: "ess" (W with the engine's sampler correction) is the ESS floor's, and
+    # adaptive "ess" reads the policy's own drift, "policy_ess"
+    other = {"kl": 0.0, "ess": 0.0 if signal == "ess" else 1.0, "policy_ess": 1.0}
+    drift = lambda value: {**other, key: value}  # noqa: E731
     served, checked = serve(buffer, [drift(go), drift(stop), drift(go), drift(go), drift(stop), drift(go)], 7)
     assert [s.pass_index for s in served] == [0, 1, 0, 1, 2, 0, 1]
     assert [s.sampled for s in served] == ["cycle", None, "stop", None, None, "stop", None]
@@ -37,7 +39,7 @@ def test_a_batch_is_cut_short_when_its_drift_passes_the_threshold(signal, stop, 
 
 def test_a_batch_that_does_not_drift_serves_all_its_passes():
     buffer = RolloutBuffer(reuse=2, steps_per_generation=2, adaptive="kl", threshold=0.3)
-    served, checked = serve(buffer, [{"kl": 0.0, "ess": 1.0}] * 2, 8)
+    served, checked = serve(buffer, [{"kl": 0.0, "ess": 1.0, "policy_ess": 1.0}] * 2, 8)
     assert [s.pass_index for s in served] == [0, 0, 1, 1] * 2
     assert [s.sampled for s in served] == ["cycle", None, None, None] * 2
     assert len(checked) == 2 and buffer.refreshes == 0  # only at the start of each reuse pass
@@ -45,7 +47,7 @@ def test_a_batch_that_does_not_drift_serves_all_its_passes():
 
 def test_an_unmeasurable_drift_decides_nothing():
     buffer = RolloutBuffer(reuse=2, steps_per_generation=1, adaptive="ess", threshold=0.9)
-    served, _ = serve(buffer, [None, {"kl": float("nan"), "ess": float("nan")}], 4)
+    served, _ = serve(buffer, [None, {"kl": float("nan"), "ess": float("nan"), "policy_ess": float("nan")}], 4)
     assert [s.sampled for s in served] == ["cycle", None, "cycle", None]
 
 
@@ -148,6 +150,8 @@ def test_a_token_budget_stops_where_the_next_batch_would_be_sampled(make_trainer
          "keep one of them"),
         (dict(num_iterations=4, respo_adaptive_reuse="kl", respo_adaptive_threshold=1e-3, respo_updates_per_rollout=2),
          "measured for epochs only.*set respo_updates_per_rollout=1"),
+        (dict(num_iterations=4, respo_adaptive_reuse="kl", respo_adaptive_threshold=1e-3, max_steps=-1),
+         "epochs.*: set max_steps"),
     ],
 )
 def test_bad_adaptive_settings_are_refused_in_one_line(tmp_path, fields, message):
@@ -278,3 +282,32 @@ def test_a_batch_sampled_after_a_stop_sees_new_prompts(make_trainer):
     fixed = make_trainer(num_iterations=4, max_steps=4)
     assert fixed._get_train_sampler().repeat_count == 4 * fixed.args.steps_per_generation  # TRL's own
     assert adaptive._get_train_sampler().repeat_count == adaptive.args.steps_per_generation
+
+
+def test_drift_signals_skip_a_bad_log_prob_and_leave_the_sampler_gap_out():
+    from respo_trl.diagnostics import drift_rows, drift_signals
+
+    torch.manual_seed(0)
+    logps, mask = -torch.rand(4, 6), torch.ones(4, 6)
+    old = logps - 0.05 * torch.randn(4, 6)
+    clean = drift_signals(drift_rows(logps, old, mask))
+    old[1, 2] = float("nan")  # one non-finite old log-prob
+    signals = drift_signals(drift_rows(logps, old, mask))
+    assert torch.isfinite(torch.tensor(signals["kl"])) and signals["kl"] == pytest.approx(clean["kl"], rel=0.3)
+    # a sampler correction as large as a fresh vLLM batch's moves the floor's ESS, not the policy's drift
+    gap = torch.exp(torch.tensor([[-1.5], [0.0], [1.5], [-0.5]]))
+    assert drift_signals(drift_rows(logps, logps, mask, gap))["policy_ess"] == pytest.approx(1.0)
+    assert drift_signals(drift_rows(logps, logps, mask, gap))["ess"] < 0.8
+
+
+def test_a_streamed_dataset_is_refused_in_one_line(tokenizer, toy_dataset, tmp_path):
+    from respo_trl import ReSPOTrainer
+    from respo_trl.builtin.tiny_model import tiny_qwen3
+    from respo_trl.rewards import crc_reward
+
+    args = ReSPOConfig(**{**CPU_ARGS, "output_dir": str(tmp_path), "max_steps": 2, "num_iterations": 2,
+                          "respo_adaptive_reuse": "kl", "respo_adaptive_threshold": 1e-3})  # fmt: skip
+    with pytest.raises(ValueError, match="needs a map-style train_dataset") as error:
+        ReSPOTrainer(model=tiny_qwen3(tokenizer), reward_funcs=crc_reward, args=args,
+                     train_dataset=toy_dataset.to_iterable_dataset(), processing_class=tokenizer)  # fmt: skip
+    assert "\n" not in str(error.value)

@@ -14,7 +14,7 @@ def test_ess_floor_uses_raw_weights_with_the_sampler_correction(tokenizer, toy_d
     from respo_trl import ReSPOConfig, ReSPOTrainer
     from respo_trl.kernels import fold_sampler_ratio, kish_ess, sequence_log_weight
 
-    checks = []
+    checks, policy = [], []
 
     class Checked(ReSPOTrainer):
         def _drift(self, batch):
@@ -32,6 +32,7 @@ def test_ess_floor_uses_raw_weights_with_the_sampler_correction(tokenizer, toy_d
             without = kish_ess(sequence_log_weight(logps - batch["old_per_token_logps"], mask)).item()
             signals = super()._drift(batch)
             checks.append((signals["ess"], with_sampler, without))
+            policy.append(signals["policy_ess"])
             return signals
 
     args = ReSPOConfig(**{**CPU_ARGS, "output_dir": str(tmp_path), "max_steps": 2, "num_iterations": 2,
@@ -43,6 +44,7 @@ def test_ess_floor_uses_raw_weights_with_the_sampler_correction(tokenizer, toy_d
         trainer.train()
     (measured, with_sampler, without), = checks  # one reuse pass in 2 steps at R = 2
     assert measured == pytest.approx(with_sampler, rel=1e-5)
+    assert policy == [pytest.approx(without, rel=1e-5)]  # adaptive reuse's "ess": the policy's drift, no sampler gap
     assert abs(with_sampler - without) > 1e-3  # the sampler ratio matters here, so dropping it would be caught
     assert with_sampler < 0.999 and trainer.rollouts.refreshes == 1  # drifted after one step at lr 1e-2: refreshed
     logged = [h["reuse/ess_before_pass"] for h in trainer.state.log_history if "reuse/ess_before_pass" in h]

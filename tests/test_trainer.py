@@ -40,7 +40,8 @@ DIAGNOSTIC_KEYS = [
 
 
 # Logged only in some runs: a reuse pass (pass, grad-norm ratio), the ESS floor, MoE Routing Replay.
-OCCASIONAL_KEYS = ["reuse/pass", "reuse/grad_norm_vs_fresh", "reuse/ess_before_pass", "routing/drift",
+OCCASIONAL_KEYS = ["reuse/pass", "reuse/grad_norm_vs_fresh", "reuse/ess_before_pass", "reuse/kl_before_pass",
+                   "reuse/policy_ess_before_pass", "routing/drift",
                    "routing/drift_tokens"]
 OUR_PREFIXES = ("starvation", "offpolicy", "respo", "reuse", "routing")
 
