@@ -207,7 +207,7 @@ def drift_rows(logps: Tensor, old_logps: Tensor, mask: Tensor, sampler_ratio: Te
         log_ratio = logps - old_logps
         log_w = sequence_log_weight(log_ratio, kept, log_c)
         valid = kept.any(-1) & torch.isfinite(log_w)
-        log_w_policy = sequence_log_weight(log_ratio, kept)
+        log_w_policy = log_w if log_c is None else sequence_log_weight(log_ratio, kept)  # differs only under vLLM
         valid_policy = kept.any(-1) & torch.isfinite(log_w_policy)
         finite = kept & torch.isfinite(log_ratio)  # one bad log-prob must not turn the batch's KL into NaN
         rho = torch.where(finite, log_ratio.float(), 0.0)

@@ -130,7 +130,7 @@ class ReSPOTrainer(GRPOTrainer):
         # followed by new episodes), not the same ones again: the prompts move on after every pass, and those of the
         # passes a batch does serve are simply not sampled.
         sampler = super()._get_train_sampler(dataset)
-        if self.args.respo_adaptive_reuse is not None:  # (an iterable dataset's stream is TRL's to repeat)
+        if self.args.respo_adaptive_reuse is not None:  # (a streamed dataset is refused in __init__)
             sampler.repeat_count = self.args.steps_per_generation
         return sampler
 
