@@ -194,6 +194,28 @@ def differences(rows: list[dict], a: str, b: str, metric: str) -> dict[int, list
     return out
 
 
+def staleness(rows: list[dict]) -> dict:
+    """How stale the batches were (the paper's regime: positives below log W = -1) and how many carry a gradient
+    (a batch whose advantages are all 0 has none under any loss)."""
+    positives = sum(r["positives"] for r in rows)
+    low = sum(r["low_w_positives"] for r in rows)
+    log_w = [x for r in rows for x in r["log_w"]]
+    with_gradient = [r for r in rows if math.isfinite(r["alignment"]["is"]["cos"] or math.nan)]
+    return {"with_gradient": len(with_gradient), "positives": positives, "low_w_positives": low,
+            "low_w_share": low / positives if positives else None,
+            "median_log_w": statistics.median(log_w) if log_w else None,
+            "median_kl_per_token": statistics.median(r["kl_per_token"] for r in rows) if rows else None,
+            "median_seconds": statistics.median(r["seconds"] for r in rows) if rows else None}  # fmt: skip
+
+
+def detectable(interval: dict) -> float | None:
+    """The true difference this interval would exclude 0 for with 80% power: its half-width x (1.96 + 0.84) / 1.96
+    (a normal approximation; with five checkpoints the interval itself is fragile)."""
+    if interval["ci"] is None:
+        return None
+    return (interval["ci"][1] - interval["ci"][0]) / 2 * POWER_Z / 1.96
+
+
 def verdict(interval: dict) -> str:
     if interval["ci"] is None:
         return "not read"
@@ -211,7 +233,8 @@ def reading(rows: list[dict]) -> dict:
     for n in sorted({r["N"] for r in rows}):
         for subset, keep in (("all", lambda r: True), ("low_w_positives", lambda r: r["low_w_positives"] > 0)):
             chosen = [r for r in rows if r["N"] == n and keep(r)]
-            entry = {"batches": len(chosen), "checkpoints": sorted({r["t"] for r in chosen}), "losses": {}, "pairs": {}}
+            entry = {"batches": len(chosen), "checkpoints": sorted({r["t"] for r in chosen}),
+                     "staleness": staleness(chosen), "losses": {}, "pairs": {}}  # fmt: skip
             for loss in ga.LOSSES:
                 for metric in ("cos", "gain"):
                     groups: dict[int, list[float]] = {}
@@ -220,10 +243,13 @@ def reading(rows: list[dict]) -> dict:
                         if value is not None and math.isfinite(value):
                             groups.setdefault(r["t"], []).append(value)
                     entry["losses"].setdefault(loss, {})[metric] = ga.hierarchical_bootstrap(groups)
+                away = [r["alignment"][loss]["cos"] for r in chosen if math.isfinite(r["alignment"][loss]["cos"] or math.nan)]
+                entry["losses"][loss]["away_share"] = sum(v <= 0 for v in away) / len(away) if away else None
             for a, b in PAIRS:
                 for metric in ("cos", "gain"):
                     interval = ga.hierarchical_bootstrap(differences(chosen, a, b, metric))
-                    entry["pairs"].setdefault(f"{a} - {b}", {})[metric] = {**interval, "verdict": verdict(interval)}
+                    entry["pairs"].setdefault(f"{a} - {b}", {})[metric] = {
+                        **interval, "verdict": verdict(interval), "detectable": detectable(interval)}
             result[f"N{n} {subset}"] = entry
     return result
 
@@ -273,16 +299,27 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def number(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
 def markdown(result: dict) -> str:
-    lines = ["| staleness, batches | pair | cosine difference [95%] | verdict | gain difference [95%] |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    header = "| staleness, batches with a gradient | pair | cosine difference [95%] | verdict | detectable at 80% | gain difference [95%] |"
+    lines = [header, "|---|---|---|---|---:|---|"]
     for name, entry in result.items():
         for pair, metrics in entry["pairs"].items():
             c, g = metrics["cos"], metrics["gain"]
             if c["ci"] is None:
                 continue
-            lines.append(f"| {name} ({entry['batches']}) | {pair} | {c['mean']:+.4f} [{c['ci'][0]:+.4f}, "
-                         f"{c['ci'][1]:+.4f}] | {c['verdict']} | {g['mean']:+.3g} [{g['ci'][0]:+.3g}, {g['ci'][1]:+.3g}] |")
+            lines.append(f"| {name} ({c['n']}) | {pair} | {c['mean']:+.4f} [{c['ci'][0]:+.4f}, {c['ci'][1]:+.4f}] | "
+                         f"{c['verdict']} | {c['detectable']:.3f} | {g['mean']:+.3g} [{g['ci'][0]:+.3g}, {g['ci'][1]:+.3g}] |")
+    for name, entry in result.items():
+        s = entry["staleness"]
+        away = ", ".join(f"{k} {number(v['away_share'], '.2f')}" for k, v in entry["losses"].items())
+        lines.append(f"\n{name}: {entry['batches']} batches, {s['with_gradient']} with a gradient; "
+                     f"{s['low_w_positives']} of {s['positives']} positives below log W = -1; median log W "
+                     f"{number(s['median_log_w'], '.2f')}, per-token KL {number(s['median_kl_per_token'], '.3f')}; "
+                     f"pointing away (cos <= 0): {away}")  # fmt: skip
     return "\n".join(lines)
 
 

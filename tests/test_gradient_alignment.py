@@ -110,3 +110,26 @@ def test_smoke_run_of_the_mechanism_stages(tiny_model_dir, tokenizer, tmp_path):
     again = stage("run")
     assert ": 0 batches" in again.stdout  # every batch was recorded: nothing is redone
     assert json.loads((out / "mechanism.json").read_text())["batches"] == len(list((out / "run").glob("*.json")))
+
+
+def test_the_reading_counts_staleness_and_states_what_it_could_detect():
+    """The read stage's staleness block counts only batches with a gradient as such and reads low-W positives from
+    the records; `detectable` is the interval's half-width scaled to 80% power; `away_share` counts cos <= 0."""
+    import math
+
+    from benchmarks import smollm2_mechanism as mech
+
+    def record(t, cos, positives, low, log_w, kl):
+        return {"N": 4, "t": t, "positives": positives, "low_w_positives": low, "log_w": log_w, "kl_per_token": kl,
+                "seconds": 10.0, "alignment": {k: {"cos": cos, "gain": cos} for k in ga.LOSSES}}  # fmt: skip
+
+    rows = [record(8, math.nan, 0, 0, [0.0, -3.0], 0.1), record(8, 0.2, 4, 1, [-2.0, -4.0], 0.3),
+            record(16, -0.1, 2, 2, [-5.0], 0.5), record(16, 0.3, 6, 0, [1.0], 0.7)]  # fmt: skip
+    stale = mech.staleness(rows)
+    assert stale["with_gradient"] == 3 and (stale["positives"], stale["low_w_positives"]) == (12, 3)
+    assert stale["low_w_share"] == 0.25 and stale["median_log_w"] == -2.5 and stale["median_kl_per_token"] == 0.4
+    entry = mech.reading(rows)["N4 all"]
+    assert entry["losses"]["respo"]["away_share"] == pytest.approx(1 / 3)
+    assert entry["losses"]["respo"]["cos"]["n"] == 3
+    assert mech.detectable({"ci": [-0.1, 0.3]}) == pytest.approx(0.2 * 2.8 / 1.96)
+    assert mech.detectable({"ci": None}) is None
