@@ -182,6 +182,7 @@ def run_stage(args, stage: str, ts, ns, batches: int) -> list[dict]:
 # ---------------------------------------------------------------------------------------------------------------------
 
 PAIRS = (("respo", "vespo"), ("respo", "dapo"), ("respo", "is"), ("vespo", "dapo"), ("dapo", "is"))
+AFTER_RULE = (("vespo", "is"),)  # the one pair the rule did not name: read after it, a pointer only
 
 
 def differences(rows: list[dict], a: str, b: str, metric: str) -> dict[int, list[float]]:
@@ -245,11 +246,12 @@ def reading(rows: list[dict]) -> dict:
                     entry["losses"].setdefault(loss, {})[metric] = ga.hierarchical_bootstrap(groups)
                 away = [r["alignment"][loss]["cos"] for r in chosen if math.isfinite(r["alignment"][loss]["cos"] or math.nan)]
                 entry["losses"][loss]["away_share"] = sum(v <= 0 for v in away) / len(away) if away else None
-            for a, b in PAIRS:
+            for a, b in PAIRS + AFTER_RULE:
                 for metric in ("cos", "gain"):
                     interval = ga.hierarchical_bootstrap(differences(chosen, a, b, metric))
                     entry["pairs"].setdefault(f"{a} - {b}", {})[metric] = {
-                        **interval, "verdict": verdict(interval), "detectable": detectable(interval)}
+                        **interval, "verdict": verdict(interval), "detectable": detectable(interval),
+                        "pre_registered": (a, b) in PAIRS}  # fmt: skip
             result[f"N{n} {subset}"] = entry
     return result
 
@@ -311,6 +313,7 @@ def markdown(result: dict) -> str:
             c, g = metrics["cos"], metrics["gain"]
             if c["ci"] is None:
                 continue
+            pair = pair if c.get("pre_registered", True) else f"{pair} (after the rule)"
             lines.append(f"| {name} ({c['n']}) | {pair} | {c['mean']:+.4f} [{c['ci'][0]:+.4f}, {c['ci'][1]:+.4f}] | "
                          f"{c['verdict']} | {c['detectable']:.3f} | {g['mean']:+.3g} [{g['ci'][0]:+.3g}, {g['ci'][1]:+.3g}] |")
     for name, entry in result.items():
