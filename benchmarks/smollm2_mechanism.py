@@ -195,13 +195,18 @@ def differences(rows: list[dict], a: str, b: str, metric: str) -> dict[int, list
     return out
 
 
+def finite(value) -> bool:
+    """A record's cosine or gain: None or NaN where the batch had no gradient."""
+    return value is not None and math.isfinite(value)
+
+
 def staleness(rows: list[dict]) -> dict:
     """How stale the batches were (the paper's regime: positives below log W = -1) and how many carry a gradient
     (a batch whose advantages are all 0 has none under any loss)."""
     positives = sum(r["positives"] for r in rows)
     low = sum(r["low_w_positives"] for r in rows)
     log_w = [x for r in rows for x in r["log_w"]]
-    with_gradient = [r for r in rows if math.isfinite(r["alignment"]["is"]["cos"] or math.nan)]
+    with_gradient = [r for r in rows if finite(r["alignment"]["is"]["cos"])]
     return {"with_gradient": len(with_gradient), "positives": positives, "low_w_positives": low,
             "low_w_share": low / positives if positives else None,
             "median_log_w": statistics.median(log_w) if log_w else None,
@@ -244,7 +249,7 @@ def reading(rows: list[dict]) -> dict:
                         if value is not None and math.isfinite(value):
                             groups.setdefault(r["t"], []).append(value)
                     entry["losses"].setdefault(loss, {})[metric] = ga.hierarchical_bootstrap(groups)
-                away = [r["alignment"][loss]["cos"] for r in chosen if math.isfinite(r["alignment"][loss]["cos"] or math.nan)]
+                away = [r["alignment"][loss]["cos"] for r in chosen if finite(r["alignment"][loss]["cos"])]
                 entry["losses"][loss]["away_share"] = sum(v <= 0 for v in away) / len(away) if away else None
             for a, b in PAIRS + AFTER_RULE:
                 for metric in ("cos", "gain"):
