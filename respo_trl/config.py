@@ -127,9 +127,10 @@ class ReSPOConfig(GRPOConfig):
             ``loss_type``; needs ``max_steps`` and a map-style dataset. Unset: every batch serves ``R`` passes, as in
             TRL. Logged: ``reuse/kl_before_pass``, ``reuse/policy_ess_before_pass``, ``reuse/ess_before_pass``,
             ``reuse/refreshes``, ``reuse/pass`` (docs/reuse.md). Measured on the tiny model (``"kl"``, 5e-4, 8
-            seeds): as saving as fixed ``R = 4`` at lr 3e-5 and far less harmful at 1e-4 (about -2 points against
-            ``R = 1`` where fixed ``R = 4`` lost about 20), but it failed the pre-registered safety rule at 1e-4, so
-            it is not a default (docs/benchmarks/adaptive_reuse.md).
+            seeds): at lr 3e-5 its median saving of generated tokens equals fixed ``R = 4``'s; at 1e-4 its mean final
+            accuracy is about 2 points below ``R = 1``'s where fixed ``R = 4``'s is about 20 below, but it failed the
+            pre-registered safety rule at 1e-4, so it is not a default; its reuse steps took about 1.3x fixed
+            ``R = 4``'s there (docs/benchmarks/adaptive_reuse.md).
         respo_adaptive_threshold (`float`, *optional*):
             The drift at which ``respo_adaptive_reuse`` stops a batch: a KL in nats per token (> 0) or an ESS in
             (0, 1). 5e-4 is the measured ``"kl"`` value (chosen on the tiny model; none is a default).
@@ -273,13 +274,15 @@ class ReSPOConfig(GRPOConfig):
         metadata={
             "help": "Under epochs (num_iterations > 1): stop serving a batch and sample afresh once the policy has "
             "drifted past respo_adaptive_threshold, measured before each reuse pass: 'kl' (mean per-token KL from "
-            "the sampling policy above it, PPO's target_kl early stop) or 'ess' (ESS of the sequence weights below "
-            "it). Unset: every batch serves num_iterations passes."
+            "the sampling policy above it, PPO's target_kl early stop) or 'ess' (ESS of the policy's own sequence "
+            "ratios pi_theta/pi_old below it). Unset: every batch serves num_iterations passes. Measured on the tiny "
+            "model, not a default: it failed its pre-registered safety rule at lr 1e-4 (docs/benchmarks/adaptive_reuse.md)."
         },
     )
     respo_adaptive_threshold: float | None = field(
         default=None,
-        metadata={"help": "respo_adaptive_reuse's stop: a per-token KL in nats (> 0) or an ESS in (0, 1)."},
+        metadata={"help": "respo_adaptive_reuse's stop: a per-token KL in nats (> 0) or an ESS in (0, 1); 5e-4 is the "
+                  "measured 'kl' value (tiny model)."},
     )
     respo_buffer_device: str = field(
         default="auto",
