@@ -409,7 +409,11 @@ def plot_smollm2(runs: dict[str, dict], threshold: float, signal: str, path: Pat
     for (name, run), color in zip(sorted(runs.items()), ("tab:gray", "tab:red")):
         rows = run["history"]
         points = [(h["step"], h[key]) for h in rows if h.get(key) is not None]
-        axes[0].plot([p[0] for p in points], [p[1] for p in points], "o-", ms=3, color=color, label=name)
+        label = name
+        if not points and signal == "kl":  # fixed epochs run no check: the same KL, logged by each reuse pass's loss
+            points = [(h["step"], h["offpolicy/kl"]) for h in rows if h.get("reuse/pass", 1) > 1 and h.get("offpolicy/kl")]
+            label = f"{name}: offpolicy/kl of its reuse passes (no check runs)"
+        axes[0].plot([p[0] for p in points], [p[1] for p in points], "o-", ms=3, color=color, label=label)
         axes[1].step([h["step"] for h in rows], [h.get("reuse/pass", 1) for h in rows], where="mid", color=color,
                      label=f"{name}: {run['batches']} batches for {run['updates']} updates")  # fmt: skip
     axes[0].axhline(threshold, color="black", ls="--", lw=1, label=f"threshold {threshold:g}")
