@@ -50,6 +50,9 @@ N = (4, 16)
 SHAPE = (2, 8)  # a stale batch: prompts x completions, the training shape
 REFERENCE = (32, 8)  # the on-policy estimate: 256 completions
 PILOT = {"t": (24,), "batches": 3}
+# A fresh-batch control (N = 0, added after the rule was read, a pointer): the cosine a batch of the training shape
+# sampled by theta_t itself reaches with the reference, i.e. the ceiling the batch's and the reference's noise leave.
+CONTROL = {"batches": 6}
 POWER_Z = 1.96 + 0.84  # two-sided 5%, 80% power
 BATCH_RANGE = (4, 16)  # the sizing's batches per (t, N) are kept within this
 SMOKE = {"t": (4,), "n": (4,), "batches": 1, "reference": (2, 2), "shape": (2, 2), "train_problems": 8}
@@ -61,7 +64,7 @@ def policy_path(args, step: int) -> str:
 
 def batch_seed(stage: str, t: int, n: int, k: int) -> int:
     """Each batch its own prompts and sampling, the pilot's apart from the run's."""
-    return (1 if stage == "pilot" else 2) * 10_000_000 + t * 100_000 + n * 1_000 + k
+    return {"pilot": 1, "run": 2, "control": 3}[stage] * 10_000_000 + t * 100_000 + n * 1_000 + k
 
 
 def load(path: str):
@@ -354,20 +357,44 @@ def run(args) -> dict:
     return read(args)
 
 
+def control(args) -> dict:
+    run_stage(args, "control", args.t, (0,), args.control_batches)
+    return read(args)
+
+
+def control_reading(rows: list[dict]) -> dict:
+    """The fresh batches' cosine with the reference (on-policy every loss is the same gradient up to a constant:
+    ``is`` stands for all), beside the stale batches' of each loss; not paired (different batches)."""
+    groups: dict[int, list[float]] = {}
+    for r in rows:
+        if finite(r["alignment"]["is"]["cos"]):
+            groups.setdefault(r["t"], []).append(r["alignment"]["is"]["cos"])
+    return {"batches": len(rows), "with_gradient": sum(len(v) for v in groups.values()),
+            "cos": ga.hierarchical_bootstrap(groups), "commits": sorted({r["commit"] for r in rows})}  # fmt: skip
+
+
 def read(args) -> dict:
     rows = records(Path(args.out, "run"))
     result = {"reading": reading(rows), "batches": len(rows), "commits": sorted({r["commit"] for r in rows}),
               "command": command("smollm2_mechanism", args.argv)}  # fmt: skip
+    fresh = records(Path(args.out, "control"))
+    if fresh:
+        result["control"] = control_reading(fresh)
     Path(args.out, "mechanism.json").write_text(json.dumps(result, indent=1, default=str))
     if rows:
         plot(rows, Path(args.out, "mechanism.png"))
     print(markdown(result["reading"]))
+    if fresh:
+        c = result["control"]["cos"]
+        print(f"\ncontrol (N = 0, after the rule): {result['control']['with_gradient']} of {len(fresh)} fresh batches "
+              f"with a gradient, cosine {number(c['mean'], '.3f')} [{number((c['ci'] or [None])[0], '.3f')}, "
+              f"{number((c['ci'] or [None, None])[1], '.3f')}]")  # fmt: skip
     return result
 
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("stage", choices=["pilot", "run", "read"])
+    p.add_argument("stage", choices=["pilot", "run", "read", "control"])
     p.add_argument("--model", default=str(ROOT / MODEL), help="the converted SmolLM2 checkpoint (theta_0)")
     p.add_argument("--work", default=str(WORK), help="where the comparison kept its checkpoints; references go here")
     p.add_argument("--run", default=RUN, help="the on-policy run whose checkpoints are theta_t")
@@ -381,13 +408,14 @@ def parse(argv=None):
     args.pilot_t, args.pilot_batches = (s["t"], s["batches"]) if s else (PILOT["t"], PILOT["batches"])
     args.reference, args.shape = (s["reference"], s["shape"]) if s else (REFERENCE, SHAPE)
     args.train_problems = s["train_problems"] if s else None
+    args.control_batches = s["batches"] if s else CONTROL["batches"]
     return args
 
 
 def main(argv=None):
     args = parse(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    return {"pilot": pilot, "run": run, "read": read}[args.stage](args)
+    return {"pilot": pilot, "run": run, "read": read, "control": control}[args.stage](args)
 
 
 if __name__ == "__main__":
