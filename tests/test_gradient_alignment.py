@@ -133,3 +133,8 @@ def test_the_reading_counts_staleness_and_states_what_it_could_detect():
     assert entry["losses"]["respo"]["cos"]["n"] == 3
     assert mech.detectable({"ci": [-0.1, 0.3]}) == pytest.approx(0.2 * 2.8 / 1.96)
     assert mech.detectable({"ci": None}) is None
+    for r in rows:
+        r["commit"] = "abc"
+    fresh = mech.control_reading(rows)  # the fresh-batch control: batches without a gradient are counted, not averaged
+    assert (fresh["batches"], fresh["with_gradient"]) == (4, 3) and fresh["cos"]["mean"] == pytest.approx(0.4 / 3)
+    assert mech.batch_seed("control", 8, 0, 1) != mech.batch_seed("run", 8, 0, 1)
