@@ -52,7 +52,7 @@ REFERENCE = (32, 8)  # the on-policy estimate: 256 completions
 PILOT = {"t": (24,), "batches": 3}
 # A fresh-batch control (N = 0, added after the rule was read, a pointer): the cosine a batch of the training shape
 # sampled by theta_t itself reaches with the reference, i.e. the ceiling the batch's and the reference's noise leave.
-CONTROL = {"batches": 6}
+CONTROL = {"batches": 16}  # 6 at first; raised to the main run's 16 after 20 batches had landed
 POWER_Z = 1.96 + 0.84  # two-sided 5%, 80% power
 BATCH_RANGE = (4, 16)  # the sizing's batches per (t, N) are kept within this
 SMOKE = {"t": (4,), "n": (4,), "batches": 1, "reference": (2, 2), "shape": (2, 2), "train_problems": 8}
