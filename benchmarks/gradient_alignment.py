@@ -125,3 +125,22 @@ def hierarchical_bootstrap(groups: dict, reps: int = 10_000, seed: int = 0) -> d
     means.sort()
     return {"mean": statistics.fmean(values), "ci": [means[int(0.025 * reps)], means[int(0.975 * reps) - 1]],
             "n": len(values), "groups": len(keys)}  # fmt: skip
+
+
+def hierarchical_difference(first: dict, second: dict, reps: int = 10_000, seed: int = 0) -> dict:
+    """Mean of ``first`` minus mean of ``second`` for two unpaired sets of batches that share their groups'
+    references (fresh and stale batches of the same checkpoints), with a 95% interval from a two-stage bootstrap:
+    the checkpoints held by both resampled together, then each set's batches within each drawn checkpoint."""
+    keys = sorted(k for k in first if first[k] and second.get(k))
+    if not keys:
+        return {"mean": None, "ci": None, "groups": 0}
+    rng = random.Random(seed)
+    diffs = []
+    for _ in range(reps):
+        drawn = [rng.choice(keys) for _ in keys]
+        a = [x for k in drawn for x in rng.choices(first[k], k=len(first[k]))]
+        b = [x for k in drawn for x in rng.choices(second[k], k=len(second[k]))]
+        diffs.append(statistics.fmean(a) - statistics.fmean(b))
+    diffs.sort()
+    mean = statistics.fmean([x for k in keys for x in first[k]]) - statistics.fmean([x for k in keys for x in second[k]])
+    return {"mean": mean, "ci": [diffs[int(0.025 * reps)], diffs[int(0.975 * reps) - 1]], "groups": len(keys)}

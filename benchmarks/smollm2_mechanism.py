@@ -362,15 +362,24 @@ def control(args) -> dict:
     return read(args)
 
 
-def control_reading(rows: list[dict]) -> dict:
-    """The fresh batches' cosine with the reference (on-policy every loss is the same gradient up to a constant:
-    ``is`` stands for all), beside the stale batches' of each loss; not paired (different batches)."""
-    groups: dict[int, list[float]] = {}
+def cosines(rows: list[dict], loss: str) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = {}
     for r in rows:
-        if finite(r["alignment"]["is"]["cos"]):
-            groups.setdefault(r["t"], []).append(r["alignment"]["is"]["cos"])
-    return {"batches": len(rows), "with_gradient": sum(len(v) for v in groups.values()),
-            "cos": ga.hierarchical_bootstrap(groups), "commits": sorted({r["commit"] for r in rows})}  # fmt: skip
+        if finite(r["alignment"][loss]["cos"]):
+            out.setdefault(r["t"], []).append(r["alignment"][loss]["cos"])
+    return out
+
+
+def control_reading(rows: list[dict], stale: list[dict] = ()) -> dict:
+    """The fresh batches' cosine with the reference (on-policy every loss is the same gradient up to a constant:
+    ``is`` stands for all), and how far each loss's stale batches fall below it at each ``N``: not paired batch by
+    batch (different batches), but by checkpoint (the same reference)."""
+    fresh = cosines(rows, "is")
+    below = {f"N{n} {loss}": ga.hierarchical_difference(fresh, cosines([r for r in stale if r["N"] == n], loss))
+             for n in sorted({r["N"] for r in stale}) for loss in ga.LOSSES}  # fmt: skip
+    return {"batches": len(rows), "with_gradient": sum(len(v) for v in fresh.values()),
+            "cos": ga.hierarchical_bootstrap(fresh), "fresh_minus_stale": below,
+            "commits": sorted({r["commit"] for r in rows})}  # fmt: skip
 
 
 def read(args) -> dict:
@@ -379,7 +388,7 @@ def read(args) -> dict:
               "command": command("smollm2_mechanism", args.argv)}  # fmt: skip
     fresh = records(Path(args.out, "control"))
     if fresh:
-        result["control"] = control_reading(fresh)
+        result["control"] = control_reading(fresh, rows)
     Path(args.out, "mechanism.json").write_text(json.dumps(result, indent=1, default=str))
     if rows:
         plot(rows, Path(args.out, "mechanism.png"))
@@ -388,7 +397,10 @@ def read(args) -> dict:
         c = result["control"]["cos"]
         print(f"\ncontrol (N = 0, after the rule): {result['control']['with_gradient']} of {len(fresh)} fresh batches "
               f"with a gradient, cosine {number(c['mean'], '.3f')} [{number((c['ci'] or [None])[0], '.3f')}, "
-              f"{number((c['ci'] or [None, None])[1], '.3f')}]")  # fmt: skip
+              f"{number((c['ci'] or [None, None])[1], '.3f')}]; fresh minus stale:")  # fmt: skip
+        for name, d in result["control"]["fresh_minus_stale"].items():
+            if d["ci"] is not None:
+                print(f"  {name}: {d['mean']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]")
     return result
 
 

@@ -138,3 +138,16 @@ def test_the_reading_counts_staleness_and_states_what_it_could_detect():
     fresh = mech.control_reading(rows)  # the fresh-batch control: batches without a gradient are counted, not averaged
     assert (fresh["batches"], fresh["with_gradient"]) == (4, 3) and fresh["cos"]["mean"] == pytest.approx(0.4 / 3)
     assert mech.batch_seed("control", 8, 0, 1) != mech.batch_seed("run", 8, 0, 1)
+
+
+def test_the_unpaired_difference_shares_checkpoints():
+    """Fresh minus stale by checkpoint: a shift of every value shifts the mean and interval by it; only checkpoints
+    both sets hold are read."""
+    first = {1: [0.1, 0.3, 0.2], 2: [0.5, 0.4], 3: [0.9]}
+    second = {1: [0.0, 0.2], 2: [0.3, 0.2, 0.25]}
+    base = ga.hierarchical_difference(first, second, reps=2000)
+    shifted = ga.hierarchical_difference({k: [x + 0.5 for x in v] for k, v in first.items()}, second, reps=2000)
+    assert base["groups"] == 2 and base["mean"] == pytest.approx(0.3 - 0.19)
+    assert shifted["mean"] == pytest.approx(base["mean"] + 0.5)
+    assert shifted["ci"] == pytest.approx([c + 0.5 for c in base["ci"]])
+    assert ga.hierarchical_difference(first, {4: [0.1]})["ci"] is None
