@@ -122,9 +122,13 @@ def hierarchical_bootstrap(groups: dict, reps: int = 10_000, seed: int = 0) -> d
     for _ in range(reps):
         drawn = [x for k in (rng.choice(keys) for _ in keys) for x in rng.choices(groups[k], k=len(groups[k]))]
         means.append(statistics.fmean(drawn))
-    means.sort()
-    return {"mean": statistics.fmean(values), "ci": [means[int(0.025 * reps)], means[int(0.975 * reps) - 1]],
-            "n": len(values), "groups": len(keys)}  # fmt: skip
+    return {"mean": statistics.fmean(values), "ci": percentile_interval(means), "n": len(values), "groups": len(keys)}
+
+
+def percentile_interval(draws: list[float]) -> list[float]:
+    """The 95% percentile interval of bootstrap draws."""
+    draws = sorted(draws)
+    return [draws[int(0.025 * len(draws))], draws[int(0.975 * len(draws)) - 1]]
 
 
 def hierarchical_difference(first: dict, second: dict, reps: int = 10_000, seed: int = 0) -> dict:
@@ -141,6 +145,5 @@ def hierarchical_difference(first: dict, second: dict, reps: int = 10_000, seed:
         a = [x for k in drawn for x in rng.choices(first[k], k=len(first[k]))]
         b = [x for k in drawn for x in rng.choices(second[k], k=len(second[k]))]
         diffs.append(statistics.fmean(a) - statistics.fmean(b))
-    diffs.sort()
     mean = statistics.fmean([x for k in keys for x in first[k]]) - statistics.fmean([x for k in keys for x in second[k]])
-    return {"mean": mean, "ci": [diffs[int(0.025 * reps)], diffs[int(0.975 * reps) - 1]], "groups": len(keys)}
+    return {"mean": mean, "ci": percentile_interval(diffs), "groups": len(keys)}

@@ -51,7 +51,7 @@ SHAPE = (2, 8)  # a stale batch: prompts x completions, the training shape
 REFERENCE = (32, 8)  # the on-policy estimate: 256 completions
 PILOT = {"t": (24,), "batches": 3}
 # A fresh-batch control (N = 0, added after the rule was read, a pointer): the cosine a batch of the training shape
-# sampled by theta_t itself reaches with the reference, i.e. the ceiling the batch's and the reference's noise leave.
+# sampled by theta_t itself reaches with the reference, the level the batch's and the reference's noise allow.
 CONTROL = {"batches": 16}  # 6 at first; raised to the main run's 16 after 20 batches had landed
 POWER_Z = 1.96 + 0.84  # two-sided 5%, 80% power
 BATCH_RANGE = (4, 16)  # the sizing's batches per (t, N) are kept within this
@@ -188,19 +188,28 @@ PAIRS = (("respo", "vespo"), ("respo", "dapo"), ("respo", "is"), ("vespo", "dapo
 AFTER_RULE = (("vespo", "is"),)  # the one pair the rule did not name: read after it, a pointer only
 
 
+def finite(value) -> bool:
+    """A record's cosine or gain: None or NaN where the batch had no gradient."""
+    return value is not None and math.isfinite(value)
+
+
+def grouped(rows: list[dict], loss: str, metric: str) -> dict[int, list[float]]:
+    """``metric`` of ``loss`` per batch, grouped by checkpoint (batches with no gradient left out)."""
+    out: dict[int, list[float]] = {}
+    for r in rows:
+        if finite(r["alignment"][loss][metric]):
+            out.setdefault(r["t"], []).append(r["alignment"][loss][metric])
+    return out
+
+
 def differences(rows: list[dict], a: str, b: str, metric: str) -> dict[int, list[float]]:
     """Paired ``a - b`` of ``metric`` per batch, grouped by checkpoint (batches with no gradient left out)."""
     out: dict[int, list[float]] = {}
     for r in rows:
         x, y = r["alignment"][a][metric], r["alignment"][b][metric]
-        if x is not None and y is not None and math.isfinite(x) and math.isfinite(y):
+        if finite(x) and finite(y):
             out.setdefault(r["t"], []).append(x - y)
     return out
-
-
-def finite(value) -> bool:
-    """A record's cosine or gain: None or NaN where the batch had no gradient."""
-    return value is not None and math.isfinite(value)
 
 
 def staleness(rows: list[dict]) -> dict:
@@ -246,14 +255,9 @@ def reading(rows: list[dict]) -> dict:
                      "staleness": staleness(chosen), "losses": {}, "pairs": {}}  # fmt: skip
             for loss in ga.LOSSES:
                 for metric in ("cos", "gain"):
-                    groups: dict[int, list[float]] = {}
-                    for r in chosen:
-                        value = r["alignment"][loss][metric]
-                        if value is not None and math.isfinite(value):
-                            groups.setdefault(r["t"], []).append(value)
-                    entry["losses"].setdefault(loss, {})[metric] = ga.hierarchical_bootstrap(groups)
-                away = [r["alignment"][loss]["cos"] for r in chosen if finite(r["alignment"][loss]["cos"])]
-                entry["losses"][loss]["away_share"] = sum(v <= 0 for v in away) / len(away) if away else None
+                    entry["losses"].setdefault(loss, {})[metric] = ga.hierarchical_bootstrap(grouped(chosen, loss, metric))
+                cos = [v for values in grouped(chosen, loss, "cos").values() for v in values]
+                entry["losses"][loss]["away_share"] = sum(v <= 0 for v in cos) / len(cos) if cos else None
             for a, b in PAIRS + AFTER_RULE:
                 for metric in ("cos", "gain"):
                     interval = ga.hierarchical_bootstrap(differences(chosen, a, b, metric))
@@ -313,6 +317,11 @@ def number(value, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def interval_text(d: dict, spec: str = ".3f") -> str:
+    lo, hi = d["ci"] or (None, None)
+    return f"{number(d['mean'], spec)} [{number(lo, spec)}, {number(hi, spec)}]"
+
+
 def markdown(result: dict) -> str:
     header = "| staleness, batches with a gradient | pair | cosine difference [95%] | verdict | detectable at 80% | gain difference [95%] |"
     lines = [header, "|---|---|---|---|---:|---|"]
@@ -362,20 +371,12 @@ def control(args) -> dict:
     return read(args)
 
 
-def cosines(rows: list[dict], loss: str) -> dict[int, list[float]]:
-    out: dict[int, list[float]] = {}
-    for r in rows:
-        if finite(r["alignment"][loss]["cos"]):
-            out.setdefault(r["t"], []).append(r["alignment"][loss]["cos"])
-    return out
-
-
 def control_reading(rows: list[dict], stale: list[dict] = ()) -> dict:
     """The fresh batches' cosine with the reference (on-policy every loss is the same gradient up to a constant:
     ``is`` stands for all), and how far each loss's stale batches fall below it at each ``N``: not paired batch by
     batch (different batches), but by checkpoint (the same reference)."""
-    fresh = cosines(rows, "is")
-    below = {f"N{n} {loss}": ga.hierarchical_difference(fresh, cosines([r for r in stale if r["N"] == n], loss))
+    fresh = grouped(rows, "is", "cos")
+    below = {f"N{n} {loss}": ga.hierarchical_difference(fresh, grouped([r for r in stale if r["N"] == n], loss, "cos"))
              for n in sorted({r["N"] for r in stale}) for loss in ga.LOSSES}  # fmt: skip
     return {"batches": len(rows), "with_gradient": sum(len(v) for v in fresh.values()),
             "cos": ga.hierarchical_bootstrap(fresh), "fresh_minus_stale": below,
@@ -394,13 +395,11 @@ def read(args) -> dict:
         plot(rows, Path(args.out, "mechanism.png"))
     print(markdown(result["reading"]))
     if fresh:
-        c = result["control"]["cos"]
-        print(f"\ncontrol (N = 0, after the rule): {result['control']['with_gradient']} of {len(fresh)} fresh batches "
-              f"with a gradient, cosine {number(c['mean'], '.3f')} [{number((c['ci'] or [None])[0], '.3f')}, "
-              f"{number((c['ci'] or [None, None])[1], '.3f')}]; fresh minus stale:")  # fmt: skip
-        for name, d in result["control"]["fresh_minus_stale"].items():
-            if d["ci"] is not None:
-                print(f"  {name}: {d['mean']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]")
+        c = result["control"]
+        print(f"\ncontrol (N = 0, after the rule): {c['with_gradient']} of {len(fresh)} fresh batches with a gradient, "
+              f"cosine {interval_text(c['cos'])}; fresh minus stale:")  # fmt: skip
+        for name, d in c["fresh_minus_stale"].items():
+            print(f"  {name}: {interval_text(d, '+.3f')}")
     return result
 
 
