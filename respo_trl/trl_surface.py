@@ -72,9 +72,9 @@ GENERATE_FIELDS = 8
 MULTIMODAL_KEYS = _FORWARD[8:]
 
 
-def _incompatible(missing: list[str]) -> RuntimeError:
+def _incompatible(missing: list[str], trainer: str = "GRPOTrainer") -> RuntimeError:
     return RuntimeError(
-        f"respo_trl hooks ReSPO into TRL {SUPPORTED_TRL}'s GRPOTrainer, but the installed trl {trl.__version__} "
+        f"respo_trl hooks ReSPO into TRL {SUPPORTED_TRL}'s {trainer}, but the installed trl {trl.__version__} "
         f"no longer has {missing}. Install a supported TRL (pip install 'trl>={SUPPORTED_TRL},<1.17') or a "
         "respo_trl release that supports this TRL. TRL's own loss types would still train, but ReSPO cannot run "
         "safely."
@@ -133,3 +133,64 @@ def check_generate_output(output: tuple) -> None:
     if not isinstance(output, tuple) or len(output) != GENERATE_FIELDS:
         got = len(output) if isinstance(output, tuple) else type(output).__name__
         raise _incompatible([f"GRPOTrainer._generate returning {GENERATE_FIELDS} fields (got {got})"])
+
+
+# -- TRL's experimental AsyncGRPOTrainer (respo_trl.async_trainer and respo_trl.integrations.async_cpu) --------------
+# Every name of trl.experimental.async_grpo the async seam overrides, calls, reads or replaces, in one place:
+# methods with their TRL 1.16 parameters, module attributes (the CPU adaptations replace the first two of each), the
+# trainer state read after __init__ and the collated batch's keys its loss reads.
+ASYNC_TRAINER_MODULE = "trl.experimental.async_grpo.async_grpo_trainer"
+ASYNC_PACKING_MODULE = "trl.experimental.async_grpo.packing"
+ASYNC_METHODS = {
+    "__init__": (("self", "model", "reward_funcs", "args", "train_dataset", "processing_class", "callbacks",
+                  "optimizers", "peft_config", "tools", "environment_factory", "rollout_worker", "weight_transfer"),
+                 False),
+    "compute_loss": (("self", "model", "inputs", "return_outputs", "num_items_in_batch"), False),
+    "get_train_dataloader": (("self",), False),
+}  # fmt: skip
+ASYNC_MODULE_ATTRIBUTES = {
+    ASYNC_TRAINER_MODULE: ("get_peak_flops_per_device", "AsyncGRPOTrainer", "RolloutQueueDataset"),
+    ASYNC_PACKING_MODULE: ("_flash_attn", "TREE_ATTENTION", "TreeRow"),
+}
+ASYNC_STATE = ("model_version", "rollout_queue", "rollout_worker", "_metrics", "accelerator", "aux_loss_enabled",
+               "router_aux_loss_coef", "epsilon_low", "epsilon_high")  # fmt: skip
+# The packed batch TRL's collator builds and its compute_loss reads (one row per rank).
+ASYNC_BATCH_KEYS = ("token_index", "old_log_probs", "advantages", "segment_id", "global_n_tokens")
+
+
+def async_modules():
+    """TRL's async trainer module and its packing module (imports TRL's experimental package, quietly)."""
+    import importlib
+    import os
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    return importlib.import_module(ASYNC_TRAINER_MODULE), importlib.import_module(ASYNC_PACKING_MODULE)
+
+
+@functools.cache
+def check_async_surface() -> None:
+    """Refuse, in one line, a TRL whose async trainer no longer has a name the async seam relies on."""
+    trainer_module, packing = async_modules()
+    missing = [f"{module}.{name}" for module, names in ASYNC_MODULE_ATTRIBUTES.items() for name in names
+               if not hasattr({ASYNC_TRAINER_MODULE: trainer_module, ASYNC_PACKING_MODULE: packing}[module], name)]  # fmt: skip
+    cls = getattr(trainer_module, "AsyncGRPOTrainer", None)
+    for name, (parameters, static) in ASYNC_METHODS.items():
+        helper = inspect.getattr_static(cls, name, None) if cls is not None else None
+        if _parameters(helper) != parameters or isinstance(helper, staticmethod) != static:
+            missing.append(f"AsyncGRPOTrainer.{name}({', '.join(parameters)})")
+    if missing:
+        raise _incompatible(missing, "AsyncGRPOTrainer")
+
+
+def check_async_state(trainer) -> None:
+    """After TRL's ``AsyncGRPOTrainer.__init__``: the state the async seam reads is there."""
+    missing = [f"AsyncGRPOTrainer.{name}" for name in ASYNC_STATE if not hasattr(trainer, name)]
+    if missing:
+        raise _incompatible(missing, "AsyncGRPOTrainer")
+
+
+def check_async_batch(inputs) -> None:
+    """The collated batch has the keys the async loss reads (checked on the first micro-batch)."""
+    missing = [f"AsyncGRPOTrainer batch[{key!r}]" for key in ASYNC_BATCH_KEYS if key not in inputs]
+    if missing:
+        raise _incompatible(missing, "AsyncGRPOTrainer")
