@@ -11,7 +11,9 @@ gradient each loss really takes:
 * ``vespo``: VESPO's gamma kernel of the sequence weight ``W``;
 * ``respo``: ReSPO's two-branch kernel of ``W`` (each sample used once: no trust mask, as in training);
 * ``is``: the unclipped sequence-level importance weight ``c_i = W_i`` (``log W`` clamped to +-20 as everywhere):
-  the unbiased estimator of the on-policy policy gradient, the reference estimator.
+  plain importance weighting, the baseline the other coefficients reshape; not an unbiased estimator here, since the
+  group's mean and std come from the same samples, the token-count denominator is itself random and ``log W`` is
+  clamped.
 
 The on-policy gradient is estimated on a separate, large batch sampled from ``pi_theta`` itself: sequence-level
 REINFORCE with the group-mean baseline, ``sum_i (R_i - mean_group R) sum_t grad log pi_theta(y_it)`` (an unbiased

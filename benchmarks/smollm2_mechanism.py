@@ -1,9 +1,10 @@
 """The paper's mechanism on SmolLM2-135M (issue 45): on a stale batch, whose gradient points where the on-policy
-gradient does, ReSPO's, VESPO's, ``dapo``'s or the unbiased importance-weighted one's?
+gradient does, ReSPO's, VESPO's, ``dapo``'s or the unclipped importance-weighted one's?
 
 The end-to-end comparison (``smollm2_staleness``, section 6 of docs/benchmarks/smollm2_staleness.md) cannot resolve
-the paper's +4-6 points at this budget. This asks the question the paper's reshaping answers, one gradient at a time,
-where a few checkpoints suffice (section 7 of the page has the design, the pilot and the rule):
+the paper's +4-6 points at this budget. This asks the question the paper's reshaping answers, one gradient at a time
+(section 7 of the page has the design, the pilot, the rule and the reading: the design expected a few checkpoints to
+suffice; with five, whose differences dominate the interval, no pre-registered pair was resolved):
 
 * the policies ``theta_t`` are the checkpoints of one on-policy ``dapo`` run of the comparison (``onpolicy_s4``, lr
   2e-5, every 4 updates; ``theta_0`` is the pretrained model);
