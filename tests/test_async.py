@@ -1,0 +1,262 @@
+"""ReSPO in TRL's async trainer (respo_trl.async_trainer), with the in-process rollout worker (no server).
+
+The loss is checked against a per-sequence closed form computed apart from the trainer: each packed sample's
+log-probabilities from a plain causal forward of a copy of the current weights (no tree packing, no scatter, no
+kernel module), ``W`` and ``phi`` written out. The baseline is checked against TRL's own ``AsyncGRPOTrainer`` on the
+same rollouts: every metric TRL logs, and the trained parameters, equal.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+from respo_trl.builtin.task import ArithmeticTask  # noqa: E402
+from respo_trl.builtin.tiny_model import tiny_qwen3  # noqa: E402
+from respo_trl.rewards import crc_reward  # noqa: E402
+
+ASYNC_ARGS = dict(use_cpu=True, bf16=False, report_to="none", logging_steps=1, save_strategy="no",
+                  per_device_train_batch_size=8, num_generations=4, max_completion_length=10, learning_rate=5e-2,
+                  max_steps=4, seed=0, token_budget=0, disable_tqdm=True)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model_dir(tokenizer, tmp_path_factory):
+    path = tmp_path_factory.mktemp("async-model")
+    tiny_qwen3(tokenizer, seed=3).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return ArithmeticTask(operators="+", max_operand=9).dataset("train", 32, seed=0).remove_columns("completion")
+
+
+def make_trainer(model_dir, tokenizer, prompts, *, trainer_cls=None, lags=None, seed=0, **overrides):
+    from respo_trl.async_config import AsyncReSPOConfig
+    from respo_trl.async_rollouts import InProcessRollouts
+    from respo_trl.async_trainer import AsyncReSPOTrainer
+
+    trainer_cls = trainer_cls or AsyncReSPOTrainer
+    config_cls = AsyncReSPOConfig if trainer_cls is AsyncReSPOTrainer else overrides.pop("config_cls")
+    args = config_cls(output_dir=overrides.pop("output_dir", "/tmp/respo-async-test"), **{**ASYNC_ARGS, **overrides})
+    worker = InProcessRollouts(model_dir, tokenizer, prompts, crc_reward, num_generations=args.num_generations,
+                               max_tokens=args.max_completion_length, lag_probabilities=lags, seed=seed)  # fmt: skip
+    trainer = trainer_cls(model_dir, crc_reward, args, train_dataset=prompts, processing_class=tokenizer,
+                          rollout_worker=worker, weight_transfer=worker)  # fmt: skip
+    return trainer, worker
+
+
+class Spy:
+    """Records each micro-batch's packed samples (from TRL's collator) and the loss the trainer returned for it."""
+
+    def __init__(self, trainer):
+        self.rows, self.losses, self.versions = [], [], []
+        loader = trainer.get_train_dataloader
+        compute = trainer.compute_loss
+
+        def get_train_dataloader():
+            dataloader = loader()
+            base = getattr(dataloader, "base_dataloader", dataloader)
+            collate = base.collate_fn
+
+            def recording(examples):
+                batch = collate(examples)
+                self.rows.append([dict(s) for s in examples[0][0].samples])
+                return batch
+
+            base.collate_fn = recording
+            return dataloader
+
+        def compute_loss(model, inputs, *args, **kwargs):
+            samples = self.rows.pop(0)  # the collator runs one batch ahead (accelerate's dispatcher prefetches)
+            state = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+            loss = compute(model, inputs, *args, **kwargs)
+            named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+            grads = torch.autograd.grad(loss, [p for _, p in named], retain_graph=True, allow_unused=True)
+            grads = {n: torch.zeros_like(p) if g is None else g for (n, p), g in zip(named, grads)}
+            self.losses.append((samples, state, loss.detach().item(), trainer.model_version, grads))
+            return loss
+
+        trainer.get_train_dataloader = get_train_dataloader
+        trainer.compute_loss = compute_loss
+
+
+def reference_log_probs(model_dir, state, samples):
+    """Each sample's trained-token log-probabilities (differentiable) from a plain causal forward (eager attention,
+    one sample at a time) of a copy of the trainer's weights, independent of tree packing and of the scatter; and that
+    copy."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager")
+    model.load_state_dict({k: v for k, v in state.items()}, strict=False)
+    out = []
+    for sample in samples:
+        ids = torch.as_tensor(sample["input_ids"]).unsqueeze(0)
+        logits = model(input_ids=ids).logits[0, :-1].float()
+        logps = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)
+        mask = torch.as_tensor(sample["completion_mask"])[1:].bool()
+        out.append((logps[mask], torch.as_tensor(sample["old_log_probs"])[1:][mask].float()))
+    return out, model
+
+
+def phi_respo(w: float, a: float) -> float:
+    """The paper's kernel at its constants, written out: phi+(W) = (1 + W)/2 exp(1 - W), phi-(W) = sqrt(W) exp(2 (1 -
+    sqrt(W)))."""
+    return (1 + w) / 2 * math.exp(1 - w) if a >= 0 else math.sqrt(w) * math.exp(2 * (1 - math.sqrt(w)))
+
+
+def phi_vespo(w: float, a: float) -> float:
+    """VESPO at TRL's defaults: W^k exp(lambda (1 - W)), (k, lambda) = (2, 3) for A >= 0 and (3, 2) for A < 0."""
+    k, lam = (2.0, 3.0) if a >= 0 else (3.0, 2.0)
+    return w**k * math.exp(lam * (1 - w))
+
+
+@pytest.mark.parametrize("loss_type,phi", [("respo", phi_respo), ("vespo", phi_vespo)])
+def test_loss_equals_the_per_sequence_closed_form(model_dir, tokenizer, prompts, loss_type, phi):
+    trainer, _ = make_trainer(model_dir, tokenizer, prompts, loss_type=loss_type, lags={0: 0.4, 1: 0.3, 3: 0.3})
+    spy = Spy(trainer)
+    trainer.train()
+    assert len(spy.losses) == 4
+    moved = 0
+    for samples, state, loss, _, grads in spy.losses:
+        terms, reference = reference_log_probs(model_dir, state, samples)
+        n_tokens = sum(len(lp) for lp, _ in terms)
+        expected = 0.0
+        for (logps, old), sample in zip(terms, samples):
+            log_ratio = (logps - old).sum()
+            w = math.exp(max(min(log_ratio.item(), 20.0), -20.0))
+            moved += abs(math.log(w)) > 1e-3
+            a = float(sample["advantage"])
+            expected = expected - phi(w, a) * a * log_ratio  # phi a number: the gradient is phi A grad log pi
+        expected = expected / n_tokens
+        assert loss == pytest.approx(expected.item(), rel=2e-3, abs=2e-5)
+        reference_grads = dict(zip([n for n, _ in reference.named_parameters()],
+                                   torch.autograd.grad(expected, list(reference.parameters()))))  # fmt: skip
+        for name, grad in grads.items():
+            assert torch.allclose(grad, reference_grads[name], rtol=1e-3, atol=1e-6), name
+    assert moved > 4  # the check ran where W is away from 1 (stale samples after real updates)
+
+
+def test_baseline_reproduces_trls_async_trainer(model_dir, tokenizer, prompts):
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    from respo_trl.integrations import async_cpu
+
+    async_cpu.prepare()
+    histories, params = [], []
+    for cls, extra in ((AsyncGRPOTrainer, {"config_cls": AsyncGRPOConfig}), (None, {"loss_type": "clip"})):
+        trainer, _ = make_trainer(model_dir, tokenizer, prompts, trainer_cls=cls, lags={0: 0.5, 2: 0.5}, **extra)
+        trainer.train()
+        histories.append(trainer.state.log_history)
+        params.append({k: v.clone() for k, v in trainer.model.state_dict().items()})
+    trl_history, ours = histories
+    for trl_log, our_log in zip(trl_history, ours, strict=True):
+        for key, value in trl_log.items():
+            if key.startswith("perf/") or key in ("train_runtime", "train_samples_per_second", "train_steps_per_second"):
+                continue
+            assert our_log[key] == value, key  # every metric TRL logs, with the same name and value
+        assert {"staleness/at_use_mean", "offpolicy/log_weight/std"} <= set(our_log) or "train_loss" in our_log
+    for name, value in params[0].items():
+        assert torch.equal(value, params[1][name]), name
+
+
+def test_samples_carry_their_version_and_dropped_tokens_are_counted(model_dir, tokenizer, prompts):
+    trainer, worker = make_trainer(model_dir, tokenizer, prompts, lags={0: 0.5, 6: 0.5}, max_staleness=2, max_steps=8)
+    spy = Spy(trainer)
+    received, sampled_at = [], {}
+    tap_get = trainer.rollout_queue.get
+
+    def get(*args, **kwargs):
+        sample = tap_get(*args, **kwargs)
+        received.append((trainer.model_version - sample.model_version, int(sample.completion_mask.sum())))
+        sampled_at[sample.group_id] = sample.model_version  # the version the worker stamped, read apart from the tap
+        return sample
+
+    trainer.rollout_queue.get = get
+    trainer.train()
+    logs = [log for log in trainer.state.log_history if "loss" in log]
+    # the staleness logged for each step is its samples' version distance when the loss used them
+    for log, (samples, _, _, version, _) in zip(logs, spy.losses):
+        versions = [sampled_at[s["group_id"]] for s in samples]
+        stale = [version - v for v in versions]
+        assert log["staleness/at_use_mean"] == pytest.approx(sum(stale) / len(stale))
+        assert log["staleness/at_use_max"] == max(stale)
+    dropped = sum(tokens for staleness, tokens in received if staleness > 2)
+    assert dropped > 0 and any(version - v > 0 for _, _, _, version, _ in spy.losses for v in sampled_at.values())
+    assert sum(log.get("async/dropped_stale_tokens_total", 0.0) for log in logs) == dropped
+    assert sum(log.get("async/received_tokens_total", 0.0) for log in logs) == sum(t for _, t in received)
+    assert worker.generated_tokens >= sum(t for _, t in received)
+
+
+def test_plain_async_config_is_upgraded_and_bad_input_refused(model_dir, tokenizer, prompts):
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    from respo_trl.async_config import AsyncReSPOConfig
+    from respo_trl.async_trainer import _respo_args
+
+    upgraded = _respo_args(AsyncGRPOConfig(output_dir="/tmp/x", use_cpu=True, bf16=False, max_staleness=7), "m")
+    assert isinstance(upgraded, AsyncReSPOConfig) and upgraded.loss_type == "respo" and upgraded.max_staleness == 7
+    with pytest.raises(ValueError, match="train with respo_trl.ReSPOTrainer"):
+        AsyncReSPOConfig(output_dir="/tmp/x", use_cpu=True, bf16=False, loss_type="dapo")
+    with pytest.raises(ValueError, match="respo_beta_pos must be a finite number in"):
+        AsyncReSPOConfig(output_dir="/tmp/x", use_cpu=True, bf16=False, respo_beta_pos=1.5)
+    with pytest.raises(TypeError, match="AsyncReSPOConfig or AsyncGRPOConfig"):
+        _respo_args(object(), "m")
+
+
+def test_cpu_tree_attention_matches_per_segment_attention():
+    from respo_trl.integrations.async_cpu import varlen_attention_sdpa
+
+    torch.manual_seed(0)
+    heads, kv_heads, dim = 4, 2, 8
+    # a trie of two samples sharing a 3-token prefix: segment 0 = tokens 0-2, segment 1 = 3-4, segment 2 = 5-6
+    q = torch.randn(7, heads, dim)
+    k, v = torch.randn(7, kv_heads, dim), torch.randn(7, kv_heads, dim)
+    kv_index = torch.tensor([0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 5, 6])
+    cu_q, cu_k = torch.tensor([0, 3, 5, 7]), torch.tensor([0, 3, 8, 13])
+    out = varlen_attention_sdpa(q, k.index_select(0, kv_index), v.index_select(0, kv_index), cu_q, cu_k, causal=True)
+    for path in ([0, 1, 2, 3, 4], [0, 1, 2, 5, 6]):  # each sample alone, plain causal attention
+        qs, ks, vs = q[path], k[path].repeat_interleave(2, 1), v[path].repeat_interleave(2, 1)
+        scores = torch.einsum("qhd,khd->hqk", qs, ks) / math.sqrt(dim)
+        scores = scores.masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), -math.inf)
+        expected = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vs)
+        assert torch.allclose(out[path], expected, atol=1e-5)
+
+
+def test_async_surface_refuses_a_moved_name(monkeypatch):
+    from respo_trl import trl_surface
+
+    trl_surface.check_async_surface.cache_clear()
+    trainer_module, _ = trl_surface.async_modules()
+
+    def compute_loss(self, model, inputs):
+        pass
+
+    monkeypatch.setattr(trainer_module.AsyncGRPOTrainer, "compute_loss", compute_loss)
+    try:
+        with pytest.raises(RuntimeError, match=r"AsyncGRPOTrainer\.compute_loss\(self, model, inputs, return_outputs"):
+            trl_surface.check_async_surface()
+    finally:
+        trl_surface.check_async_surface.cache_clear()
+
+
+def test_packed_scatter_keeps_order_and_gradient():
+    from respo_trl.packed import unpack_terms
+
+    log_probs = torch.tensor([-1.0, -2.0, -3.0, -4.0, -5.0], requires_grad=True)
+    old = torch.tensor([-1.5, -2.5, -3.5, -4.5, -5.5])
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0, -1.0])
+    segment = torch.tensor([0, 0, 2, 2, 2])  # sample 1 has no trained token
+    seqs = unpack_terms(log_probs, old, adv, segment, num_sequences=3)
+    assert seqs.log_probs.tolist() == [[-1.0, -2.0, 0.0], [0.0, 0.0, 0.0], [-3.0, -4.0, -5.0]]
+    assert seqs.mask.tolist() == [[1, 1, 0], [0, 0, 0], [1, 1, 1]]
+    assert seqs.advantages.tolist() == [1.0, 0.0, -1.0]
+    (seqs.log_probs * torch.arange(9.0).reshape(3, 3)).sum().backward()
+    assert log_probs.grad.tolist() == [0.0, 1.0, 6.0, 7.0, 8.0]
