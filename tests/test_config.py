@@ -249,3 +249,28 @@ def test_epochs_warn_once_outside_the_measured_safe_setting(configs, tmp_path):
         for _ in range(3):
             build(configs, tmp_path, num_iterations=2, learning_rate=2e-4)
     assert sum("measured safe" in str(w.message) for w in caught) == 1
+
+
+def test_the_epochs_warning_names_what_adaptive_reuse_was_measured_to_do(configs, tmp_path):
+    """Issue 52, item 8: with respo_adaptive_reuse on, the warning outside the measured-safe setting says what the
+    option was measured to do (docs/benchmarks/adaptive_reuse.md 4.2): it saved at 3e-5 and was not safe at 1e-4, so
+    it is not shown to make the setting safe. Without the option the warning does not mention it."""
+    import warnings
+
+    adaptive = {"respo_adaptive_reuse": "kl", "respo_adaptive_threshold": 5e-4, "max_steps": 8}
+    with pytest.warns(UserWarning) as caught:
+        build(configs, tmp_path, num_iterations=4, learning_rate=1e-4, **adaptive)
+    message = " ".join(str(w.message) for w in caught if "measured safe" in str(w.message))
+    assert "num_iterations=4 at learning_rate=0.0001 is outside" in message
+    for measured in ("median 0.19 of num_iterations=1's generated tokens", "mean final 1.8 (dapo) and 2.5 points",
+                     "lower ends -4.7 and -5.4 against the rule's -3", "is not shown to make this setting safe",
+                     "docs/benchmarks/adaptive_reuse.md"):  # fmt: skip
+        assert measured in message, measured
+    assert message.index("is not shown to make this setting safe") < message.index("lower learning_rate")
+    with pytest.warns(UserWarning) as caught:
+        build(configs, tmp_path, num_iterations=4, learning_rate=1e-4)
+    plain = " ".join(str(w.message) for w in caught if "measured safe" in str(w.message))
+    assert plain and "respo_adaptive_reuse" not in plain
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # inside the measured-safe setting the option adds no warning
+        build(configs, tmp_path, num_iterations=4, learning_rate=3e-5, **adaptive)
