@@ -51,6 +51,32 @@ def test_an_unmeasurable_drift_decides_nothing():
     assert [s.sampled for s in served] == ["cycle", None, "cycle", None]
 
 
+def test_the_report_counts_batches_refreshes_and_passes_per_batch():
+    """Issue 52, item 8: report.json's ``training.reuse`` (the recipe's summary table prints it) takes the batches and
+    refreshes from the buffer's counters and the passes per batch from the micro-batches served; None without reuse."""
+    from types import SimpleNamespace
+
+    from respo_trl.recipe.report import reuse_summary
+
+    def config(reuse, steps_per_generation, signal=None, threshold=None):
+        return SimpleNamespace(num_iterations=reuse, gradient_accumulation_steps=1,
+                               steps_per_generation=steps_per_generation, respo_adaptive_reuse=signal,
+                               respo_adaptive_threshold=threshold)  # fmt: skip
+
+    buffer = RolloutBuffer(reuse=4, steps_per_generation=1, adaptive="kl", threshold=0.3)
+    go, stop = {"kl": 0.1, "ess": 1.0, "policy_ess": 1.0}, {"kl": 0.5, "ess": 1.0, "policy_ess": 1.0}
+    served, _ = serve(buffer, [go, stop, go, go, stop, go], 7)  # batches of 2, 3 and 2 passes: two stops
+    fresh = sum(s.pass_index == 0 for s in served)
+    assert reuse_summary(buffer, config(4, 1, "kl", 0.3), global_step=7) == {
+        "adaptive_reuse": "kl", "adaptive_threshold": 0.3, "batches": 3, "refreshes": 2,
+        "passes_per_batch": pytest.approx(len(served) / fresh)}  # fmt: skip
+    fixed = RolloutBuffer(reuse=2, steps_per_generation=2)  # two micro-batches (optimizer steps) per pass
+    serve(fixed, [], 8)
+    summary = reuse_summary(fixed, config(2, 2), global_step=8)
+    assert (summary["batches"], summary["refreshes"], summary["passes_per_batch"]) == (2, 0, 2.0)
+    assert reuse_summary(RolloutBuffer(reuse=1, steps_per_generation=1), config(1, 1), global_step=8) is None
+
+
 def logs_of(trainer):
     return [h for h in trainer.state.log_history if "loss" in h]
 
@@ -64,6 +90,10 @@ def test_a_threshold_every_drift_passes_samples_a_fresh_batch_every_step(make_tr
     logs = logs_of(trainer)
     assert [h["reuse/pass"] for h in logs] == [1, 1, 1, 1]
     assert [h["reuse/refreshes"] for h in logs] == [0, 1, 2, 3] and trainer.rollouts.refreshes == 3
+    from respo_trl.recipe.report import reuse_summary  # what report.json and the recipe's table say of this run
+
+    summary = reuse_summary(trainer.rollouts, trainer.args, trainer.state.global_step)
+    assert (summary["batches"], summary["refreshes"], summary["passes_per_batch"]) == (4, 3, 1.0)
     assert all(h["reuse/generated_tokens_per_step"] > 0 for h in logs)
     assert all(h["reuse/kl_before_pass"] > 0 for h in logs[1:]) and "reuse/kl_before_pass" not in logs[0]
 

@@ -578,6 +578,8 @@ def test_tiny_default_runs_end_to_end_and_resumes_with_its_rollout_buffer(recipe
     assert [p["step"] for p in report["curve"]] == [0, 2, 4]
     assert report["training"]["global_step"] == 4 and report["training"]["num_iterations"] == 4
     assert report["training"]["generated_tokens"] > 0
+    reuse = report["training"]["reuse"]  # one batch served its 4 passes
+    assert (reuse["batches"], reuse["refreshes"], reuse["passes_per_batch"]) == (1, 0, 4.0)
     assert set(report["training"]["mean_grad_throughput"]) == {
         "grad_throughput/pos", "grad_throughput/neg", "clip_grad_throughput/pos", "clip_grad_throughput/neg"
     }  # fmt: skip
@@ -613,6 +615,7 @@ def test_tiny_default_runs_end_to_end_and_resumes_with_its_rollout_buffer(recipe
     assert [p["step"] for p in resumed["curve"]] == [0, 2, 4]
     assert resumed["warm_start"]["steps"] == 0 and resumed["training"]["global_step"] == 4
     assert resumed["training"]["generated_tokens"] == report["training"]["generated_tokens"]
+    assert resumed["training"]["reuse"] == report["training"]["reuse"]  # the buffer's counters come back with it
     # `--resume_from_checkpoint true` picks the latest checkpoint (step 4) and continues to a new max_steps: step 5
     # samples a fresh generation batch (every R=4 steps), step 6 reuses it.
     latest = run_recipe(
@@ -620,22 +623,57 @@ def test_tiny_default_runs_end_to_end_and_resumes_with_its_rollout_buffer(recipe
     )
     assert latest["resumed_from"] == "True" and latest["training"]["global_step"] == 6
     assert latest["training"]["generated_tokens"] > report["training"]["generated_tokens"]
+    assert (latest["training"]["reuse"]["batches"], latest["training"]["reuse"]["passes_per_batch"]) == (2, 3.0)
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     assert [h["reuse/staleness_max"] for h in history if "reuse/staleness_max" in h][-2:] == [0, 1]
 
 
-def test_a_token_budget_stops_where_a_batch_ends_and_the_curve_follows_tokens(recipe, tmp_path):
+def test_a_token_budget_stops_where_a_batch_ends_and_the_curve_follows_tokens(recipe, tmp_path, capsys):
     """``--max_generated_tokens``: the run stops at the first cycle end past the budget (under R = 2 an even step;
-    the batch before the last had not reached it), and ``--heldout_eval_tokens`` puts one point in each interval."""
+    the batch before the last had not reached it), and ``--heldout_eval_tokens`` puts one point in each interval.
+    report.json and the summary table give the batches sampled, refreshes and passes per batch (issue 52, item 8)."""
     report = run_recipe(recipe, tmp_path, "--num_iterations", "2", "--max_steps", "100", "--heldout_eval_steps", "0",
                         "--heldout_eval_tokens", "150", "--max_generated_tokens", "400", "--save_strategy", "no")  # fmt: skip
     training, curve = report["training"], report["curve"]
     assert training["global_step"] % 2 == 0 and training["global_step"] < 100
+    batches = training["global_step"] // 2
+    assert training["reuse"] == {"adaptive_reuse": None, "adaptive_threshold": None, "batches": batches,
+                                 "refreshes": 0, "passes_per_batch": 2.0}  # fmt: skip
+    table = capsys.readouterr().out
+    assert "| rollout batches sampled " in table and "| passes per batch " in table
+    row = next(line for line in table.splitlines() if line.startswith("| passes per batch "))
+    assert row.split("|")[2].strip() == "2.00"
     assert training["generated_tokens"] >= 400
     per_batch = training["generated_tokens"] / (training["global_step"] // 2)
     assert training["generated_tokens"] - per_batch < 400  # not a cycle later than needed (batches vary a little)
     inner = [p["generated_tokens"] // 150 for p in curve[1:-1]]  # between the start and the final measurement
     assert inner and inner == sorted(set(inner)) and all(k >= 1 for k in inner)
+
+
+def test_the_summary_table_shows_refreshes_and_passes_per_batch_only_under_reuse(capsys):
+    """Issue 52, item 8: under epochs the table has the batches sampled, the refreshes (with the adaptive stop's
+    signal and threshold) and the passes per batch; without reuse it has none of these rows."""
+    from respo_trl.recipe.heldout import print_summary
+
+    def table(num_iterations, reuse):
+        report = {
+            "model": {"name": "tiny", "parameters": 10_000}, "output_dir": "out",
+            "heldout": {"dataset": "arithmetic", "n": 16, "mode": "greedy", "before": 0.1, "after": 0.5},
+            "warm_start": {"demonstration_accuracy": 0.9}, "time_s": {"warm_start": 1.0, "train": 2.0, "total": 3.0},
+            "training": {"global_step": 12, "generated_tokens": 1000, "num_iterations": num_iterations,
+                         "mean_grad_norm_vs_fresh": {}, "reuse": reuse},
+        }  # fmt: skip
+        print_summary(report)
+        return {line.split("|")[1].strip(): line.split("|")[2].strip()
+                for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}  # fmt: skip
+
+    rows = table(4, {"adaptive_reuse": "kl", "adaptive_threshold": 5e-4, "batches": 5, "refreshes": 3,
+                     "passes_per_batch": 12 / 5})  # fmt: skip
+    assert rows["rollout batches sampled"] == "5"
+    assert rows["refreshes (sampled before a cycle ended)"] == "3 (kl 0.0005)"
+    assert rows["passes per batch"] == "2.40"
+    rows = table(1, None)
+    assert not {"rollout batches sampled", "passes per batch"} & set(rows) and rows["optimizer steps"] == "12"
 
 
 def test_an_output_dir_that_is_a_file_fails_before_the_warm_start(recipe, tmp_path):

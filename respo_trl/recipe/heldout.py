@@ -247,6 +247,19 @@ def make_callbacks(report, heldout: HeldoutEvaluator, save_at_steps=(), max_gene
     return [CompactProgress(), *budget, HeldoutCurve(), *([SaveAt()] if save_at_steps else [])]
 
 
+def reuse_rows(reuse: dict | None) -> list[tuple[str, str]]:
+    """The summary table's rows for ``report["training"]["reuse"]`` (none without reuse)."""
+    if not reuse:
+        return []
+    passes = reuse["passes_per_batch"]
+    stop = f" ({reuse['adaptive_reuse']} {reuse['adaptive_threshold']:g})" if reuse.get("adaptive_reuse") else ""
+    return [
+        ("rollout batches sampled", str(reuse["batches"])),
+        ("refreshes (sampled before a cycle ended)", f"{reuse['refreshes']}{stop}"),
+        ("passes per batch", "n/a" if passes is None else f"{passes:.2f}"),
+    ]
+
+
 def print_summary(report: dict) -> None:
     def pct(x):
         return "n/a" if x is None else f"{100 * x:.1f}%"
@@ -263,6 +276,7 @@ def print_summary(report: dict) -> None:
         ("optimizer steps", str(report["training"]["global_step"])),
         ("generated tokens", f"{report['training']['generated_tokens']:,}"),
         ("epochs R (num_iterations)", str(report["training"]["num_iterations"])),
+        *reuse_rows(report["training"].get("reuse")),
         (
             "grad norm of reuse passes / fresh",
             ", ".join(f"{v:.2f}" for v in report["training"]["mean_grad_norm_vs_fresh"].values()) or "n/a (R = 1)",

@@ -64,6 +64,24 @@ def new_report(script_args, training_args, model_name: str, model_info: dict, tr
     }
 
 
+def reuse_summary(buffer, training_args, global_step: int) -> dict | None:
+    """Under epochs (``num_iterations > 1``): the rollout batches the buffer sampled, its refreshes (batches sampled
+    before their cycle ended: ``respo_adaptive_reuse``'s stops and ``respo_min_ess``'s refreshes) and the passes
+    served per batch (micro-batches served / ``steps_per_generation`` / batches: ``num_iterations`` when nothing
+    stopped a batch early); None without reuse."""
+    if training_args.num_iterations == 1:
+        return None
+    batches = buffer.generation_index
+    passes = global_step * training_args.gradient_accumulation_steps / training_args.steps_per_generation
+    return {
+        "adaptive_reuse": training_args.respo_adaptive_reuse,
+        "adaptive_threshold": training_args.respo_adaptive_threshold,
+        "batches": batches,
+        "refreshes": buffer.refreshes,
+        "passes_per_batch": passes / batches if batches else None,
+    }
+
+
 def training_summary(trainer, train_result, training_args, world: int, sampled: bool) -> dict:
     """The ``training`` section of ``report.json``, from the trainer's log history."""
     history = trainer.state.log_history
@@ -87,6 +105,7 @@ def training_summary(trainer, train_result, training_args, world: int, sampled: 
         "reward_last": rewards[-1] if rewards else None,
         "mean_grad_throughput": throughput,
         "mean_grad_norm_vs_fresh": {k: sum(v) / len(v) for k, v in sorted(step_size.items())},
+        "reuse": reuse_summary(trainer.rollouts, training_args, trainer.state.global_step),
         "train_runtime_s": train_result.metrics.get("train_runtime"),
         "batch": batch_plan(training_args, world, sampled_eval=sampled),
     }
