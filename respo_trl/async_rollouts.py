@@ -48,11 +48,13 @@ class InProcessRollouts:
     ``model`` is the path the trainer loads (the sampler starts from the same weights); ``dataset`` has a
     conversational ``prompt`` column, its other columns go to the reward functions as TRL's worker passes them;
     ``lag_probabilities`` maps a lag ``k >= 0`` (versions behind the current policy) to its probability (default: all
-    samples fresh). The version a group is sampled from is never below the first synced one.
+    samples fresh); one lag is drawn per call, which samples ``groups_per_call`` prompts' groups in one batch. The
+    version a group is sampled from is never below the first synced one.
     """
 
     def __init__(self, model, processing_class, dataset, reward_funcs, *, num_generations: int, max_tokens: int,
-                 temperature: float = 1.0, lag_probabilities: dict[int, float] | None = None, seed: int = 0):  # fmt: skip
+                 temperature: float = 1.0, lag_probabilities: dict[int, float] | None = None, seed: int = 0,
+                 groups_per_call: int = 1):  # fmt: skip
         from transformers import AutoModelForCausalLM
 
         self.sampler = AutoModelForCausalLM.from_pretrained(model).eval() if isinstance(model, str) else model.eval()
@@ -65,7 +67,7 @@ class InProcessRollouts:
             raise ValueError(f"lag_probabilities must map lags >= 0 to probabilities summing to > 0, got {lags}")
         self.lags, self.lag_weights = [int(k) for k in lags], [float(p) for p in lags.values()]
         self.max_lag = max(self.lags)
-        self.rollout_buffer = _OnDemandQueue(self._sample_group)
+        self.rollout_buffer = _OnDemandQueue(self._sample_groups)
         self.metrics_queue = queue.Queue()
         self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
         self.model_version = 0
@@ -73,8 +75,8 @@ class InProcessRollouts:
         self.groups = 0
         self._pending = None
         self._loaded = None
+        self.seed, self.calls, self.groups_per_call = seed, 0, groups_per_call
         self._rng = random.Random(seed)
-        self._generator = torch.Generator().manual_seed(seed)
         self._order: list[int] = []
 
     # -- WeightTransferProtocol: a sync stores a snapshot, named by the version TRL announces next ----------------------
@@ -135,62 +137,71 @@ class InProcessRollouts:
         return version
 
     @torch.no_grad()
-    def _sample_group(self) -> list:
+    def _sample_groups(self) -> list:
+        """``groups_per_call`` prompts' groups, sampled in one batch from the policy one drawn lag back."""
         from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
         lag = self._rng.choices(self.lags, weights=self.lag_weights)[0]
         version = self._policy(lag)
-        row = self._next_row()
-        prompt = row["prompt"]
-        prompt_ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
-                                                        return_dict=False)  # fmt: skip
-        prompt_ids = torch.tensor([list(prompt_ids)])
-        eos = self.tokenizer.eos_token_id
-        pad = self.tokenizer.pad_token_id
-        torch.manual_seed(self._generator.initial_seed() + self.groups)  # generate draws from the global RNG
+        rows = [self._next_row() for _ in range(self.groups_per_call)]
+        prompts = [list(self.tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True,
+                                                           return_dict=False)) for row in rows]  # fmt: skip
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        ids, attention = _left_padded(prompts, pad)
+        torch.manual_seed(self.seed * 1_000_003 + self.calls)  # generate draws from the global RNG
+        self.calls += 1
         out = self.sampler.generate(
-            prompt_ids, attention_mask=torch.ones_like(prompt_ids), do_sample=True, temperature=self.temperature,
-            top_k=0, top_p=1.0, max_new_tokens=self.max_tokens, num_return_sequences=self.num_generations,
-            pad_token_id=pad, eos_token_id=eos,
+            ids, attention_mask=attention, do_sample=True, temperature=self.temperature, top_k=0, top_p=1.0,
+            max_new_tokens=self.max_tokens, num_return_sequences=self.num_generations, pad_token_id=pad,
+            eos_token_id=eos,
         )  # fmt: skip
+        g = self.num_generations
         completions = []
-        for ids in out[:, prompt_ids.shape[1]:].tolist():
-            end = ids.index(eos) + 1 if eos in ids else len(ids)
-            completions.append(ids[:end])
-        logps = self._log_probs(prompt_ids[0].tolist(), completions)
+        for row_ids in out[:, ids.shape[1]:].tolist():
+            end = row_ids.index(eos) + 1 if eos in row_ids else len(row_ids)
+            completions.append(row_ids[:end])
+        logps = self._log_probs([prompts[i // g] for i in range(len(completions))], completions)
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
-        messages = [[{"role": "assistant", "content": text}] for text in texts]
-        extra = {key: [value] * self.num_generations for key, value in row.items() if key != "prompt"}
-        columns = [func(prompts=[prompt] * self.num_generations, completions=messages, completion_ids=completions,
-                        **extra) for func in self.reward_funcs]  # fmt: skip
-        rewards, advantages, reward_std = _group_advantages(columns)
         names = [getattr(func, "__name__", type(func).__name__) for func in self.reward_funcs]
         samples = []
-        n_prompt = prompt_ids.shape[1]
-        for i, completion in enumerate(completions):
-            metrics = {"reward": float(rewards[i]), "reward_std": reward_std,
-                       **{f"rewards/{name}": _float(column[i]) for name, column in zip(names, columns)}}  # fmt: skip
-            samples.append(RolloutSample(
-                prompt=prompt, completion=messages[i],
-                input_ids=np.asarray(prompt_ids[0].tolist() + completion, dtype=np.int64),
-                completion_mask=np.asarray([0] * n_prompt + [1] * len(completion), dtype=np.int64),
-                old_log_probs=np.asarray([0.0] * n_prompt + logps[i], dtype=np.float32),
-                advantage=float(advantages[i]), model_version=version, group_id=self.groups, metrics=metrics,
-            ))  # fmt: skip
-            self.generated_tokens += len(completion)
-        self.groups += 1
+        for j, row in enumerate(rows):
+            span = range(j * g, (j + 1) * g)
+            messages = [[{"role": "assistant", "content": texts[i]}] for i in span]
+            extra = {key: [value] * g for key, value in row.items() if key != "prompt"}
+            columns = [func(prompts=[row["prompt"]] * g, completions=messages,
+                            completion_ids=[completions[i] for i in span], **extra) for func in self.reward_funcs]  # fmt: skip
+            rewards, advantages, reward_std = _group_advantages(columns)
+            n_prompt = len(prompts[j])
+            for k, i in enumerate(span):
+                metrics = {"reward": float(rewards[k]), "reward_std": reward_std,
+                           **{f"rewards/{name}": _float(column[k]) for name, column in zip(names, columns)}}  # fmt: skip
+                samples.append(RolloutSample(
+                    prompt=row["prompt"], completion=messages[k],
+                    input_ids=np.asarray(prompts[j] + completions[i], dtype=np.int64),
+                    completion_mask=np.asarray([0] * n_prompt + [1] * len(completions[i]), dtype=np.int64),
+                    old_log_probs=np.asarray([0.0] * n_prompt + logps[i], dtype=np.float32),
+                    advantage=float(advantages[k]), model_version=version, group_id=self.groups, metrics=metrics,
+                ))  # fmt: skip
+                self.generated_tokens += len(completions[i])
+            self.groups += 1
         return samples
 
-    def _log_probs(self, prompt: list[int], completions: list[list[int]]) -> list[list[float]]:
-        """Each completion token's log-probability under the sampler, from the full softmax at the temperature."""
-        width = max(len(c) for c in completions)
-        pad = self.tokenizer.pad_token_id
-        ids = torch.tensor([prompt + c + [pad] * (width - len(c)) for c in completions])
-        attention = torch.tensor([[1] * (len(prompt) + len(c)) + [0] * (width - len(c)) for c in completions])
-        logits = self.sampler(input_ids=ids, attention_mask=attention).logits[:, len(prompt) - 1 : -1].float()
-        logps = torch.log_softmax(logits / self.temperature, dim=-1)
-        chosen = logps.gather(-1, ids[:, len(prompt):].unsqueeze(-1)).squeeze(-1)
-        return [chosen[i, : len(c)].tolist() for i, c in enumerate(completions)]
+    def _log_probs(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
+        """Each completion token's log-probability under the sampler, from the full softmax at the temperature (one
+        left-padded batch, positions counted from each sequence's first token, as the trainer counts them)."""
+        ids, attention = _left_padded([p + c for p, c in zip(prompts, completions)], self.tokenizer.pad_token_id)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        logits = self.sampler(input_ids=ids, attention_mask=attention, position_ids=positions).logits.float()
+        logps = torch.log_softmax(logits[:, :-1] / self.temperature, dim=-1)
+        chosen = logps.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        return [chosen[i, chosen.shape[1] - len(c):].tolist() if c else [] for i, c in enumerate(completions)]
+
+
+def _left_padded(sequences: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in sequences)
+    ids = torch.tensor([[pad] * (width - len(s)) + s for s in sequences])
+    attention = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences])
+    return ids, attention
 
 
 def _float(value) -> float:
