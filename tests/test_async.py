@@ -180,3 +180,25 @@ def test_packed_scatter_keeps_order_and_gradient():
     assert seqs.advantages.tolist() == [1.0, 0.0, -1.0]
     (seqs.log_probs * torch.arange(9.0).reshape(3, 3)).sum().backward()
     assert log_probs.grad.tolist() == [0.0, 1.0, 6.0, 7.0, 8.0]
+
+
+def test_async_recipe_runs_the_builtin_default_and_refuses_bad_lags(tmp_path, capsys):
+    """``recipes/qwen3_async_respo.py`` with no model: the built-in tiny model, warm-started, trained through the async
+    trainer with in-process rollouts whose lags TRL's bound partly drops; report.json says what happened."""
+    import json
+
+    from respo_trl.recipe.arguments import RecipeError
+    from respo_trl.recipe.async_train import main, parse, parse_lags
+
+    script_args, training_args = parse(["--max_steps", "2", "--warmstart_steps", "2", "--heldout_size", "4",
+                                        "--in_process_lags", "0:0.5,9:0.5", "--per_device_train_batch_size", "16",
+                                        "--max_completion_length", "8", "--output_dir", str(tmp_path)])  # fmt: skip
+    assert training_args.use_cpu and training_args.loss_type == "respo" and training_args.max_staleness == 4
+    report = main(script_args, training_args)
+    assert report["updates"] == 2 and report["heldout"]["n"] == 4
+    assert json.loads((tmp_path / "report.json").read_text())["updates"] == 2
+    assert 0 < report["received_tokens"] and 0 <= report["dropped_stale_tokens"] <= report["received_tokens"]
+    with pytest.raises(RecipeError, match="lag:probability"):
+        parse_lags("0-1")
+    with pytest.raises(RecipeError, match="lags >= 0"):
+        parse_lags("-1:1")
