@@ -72,6 +72,15 @@ class _CPUFlashAttention:
     flash_attn_varlen_func = staticmethod(varlen_attention_sdpa)
 
 
+def use_sdpa_tree_attention() -> None:
+    """TRL's tree attention through :func:`varlen_attention_sdpa` instead of FA3 (fetched from the Hub): what a CPU
+    needs, and the fallback of the GPU check (``benchmarks.gpu_async_check``) on a machine that cannot reach the Hub."""
+    from ..trl_surface import async_modules
+
+    _, packing = async_modules()
+    packing._flash_attn = lambda: _CPUFlashAttention  # TRL looks the kernel up at call time
+
+
 def prepare() -> bool:
     """Install the CPU adaptations 1-2 into TRL's async modules when CUDA is unavailable; returns whether they are
     installed. Idempotent; logs once which path it took."""
@@ -87,7 +96,7 @@ def prepare() -> bool:
     if getattr(packing, _INSTALLED, False):
         return True
     trainer_module.get_peak_flops_per_device = cuda_peak_flops_or_none
-    packing._flash_attn = lambda: _CPUFlashAttention  # TRL looks the kernel up at call time
+    use_sdpa_tree_attention()
     setattr(packing, _INSTALLED, True)
     logger.warning(
         "No CUDA device: TRL's async trainer runs with respo_trl's CPU adaptations (MFU metrics off, SDPA tree "
