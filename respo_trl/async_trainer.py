@@ -104,20 +104,19 @@ class AsyncReSPOTrainer(AsyncGRPOTrainer):
         log_probs = output.log_probs.flatten()[inputs["token_index"][selected]]  # TRL's indexing of its forward
         versions = inputs["sample_version"][0]
         versions = versions[versions != PADDED_VERSION]
-        sequences = unpack_terms(log_probs, inputs["old_log_probs"][selected], inputs["advantages"][selected],
-                                 inputs["segment_id"][selected], num_sequences=len(versions))  # fmt: skip
-        weights = None
+        terms = (log_probs, inputs["old_log_probs"][selected], inputs["advantages"][selected],
+                 inputs["segment_id"][selected])  # fmt: skip
         if self._loss_name == "ppo":
             loss = trl_loss
         else:
             accumulation = self.current_gradient_accumulation_steps
             tokens_per_rank = (inputs["global_n_tokens"][0] / self.accelerator.num_processes).clamp(min=1.0)
-            result = packed_policy_loss(sequences, self._loss_name, self.loss_params, normalizer=tokens_per_rank.float())
-            weights = result.weights
+            result = packed_policy_loss(*terms, self._loss_name, self.loss_params, normalizer=tokens_per_rank.float(),
+                                        num_sequences=len(versions))  # fmt: skip
             loss = result.loss / accumulation
             if self.aux_loss_enabled:  # as TRL adds it
                 loss = loss + self.router_aux_loss_coef * output.aux_loss / accumulation
-        self._log_sequence_metrics(sequences, weights, versions)
+        self._log_sequence_metrics(log_probs.detach(), terms[1:], versions)
         return loss
 
     def _gather_rows(self, table: torch.Tensor) -> torch.Tensor:
@@ -126,14 +125,16 @@ class AsyncReSPOTrainer(AsyncGRPOTrainer):
         gathered = self.accelerator.gather(padded)
         return gathered[~torch.isnan(gathered).all(-1)]
 
-    def _log_sequence_metrics(self, sequences, weights, versions) -> None:
-        """ReSPO's diagnostics on this micro-batch's sequences and each sample's staleness when used."""
+    def _log_sequence_metrics(self, log_probs, terms, versions) -> None:
+        """ReSPO's diagnostics on this micro-batch's samples (their terms laid out as (S, T)) and each sample's
+        staleness when used."""
         metrics = {}
-        versions = versions.float().to(sequences.mask.device)
+        versions = versions.float().to(log_probs.device)
         if self.args.respo_log_diagnostics:
+            sequences = unpack_terms(log_probs, *terms, num_sequences=len(versions))
             metrics, versions = step_metrics(
-                sequences.log_probs.detach(), sequences.old_log_probs, sequences.advantages, sequences.mask,
-                self.loss_params, self._loss_name, weights=weights, staleness=versions, gather=self._gather_rows,
+                sequences.log_probs, sequences.old_log_probs, sequences.advantages, sequences.mask, self.loss_params,
+                self._loss_name, staleness=versions, gather=self._gather_rows,
             )  # fmt: skip  (the staleness column carries the versions; staleness is read on the main process)
         else:
             versions = self._gather_rows(versions.unsqueeze(-1)).squeeze(-1)

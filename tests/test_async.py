@@ -202,3 +202,32 @@ def test_async_recipe_runs_the_builtin_default_and_refuses_bad_lags(tmp_path, ca
         parse_lags("0-1")
     with pytest.raises(RecipeError, match="lags >= 0"):
         parse_lags("-1:1")
+
+
+@pytest.mark.parametrize("loss_name", ["respo", "vespo"])
+def test_packed_loss_equals_the_registered_loss_on_whole_sequences(loss_name):
+    """The packed loss computes each sample's coefficient from its summed log-ratio and the loss on the flat terms;
+    that must equal ``kernels``' registered loss on the same samples laid out as (S, T), value and gradient,
+    including tokens whose log-ratio is beyond +-20 (VESPO clamps each token, ReSPO only the sum)."""
+    from respo_trl.kernels import LossParams, get_policy_loss
+    from respo_trl.packed import packed_policy_loss, unpack_terms
+
+    torch.manual_seed(0)
+    lengths = [3, 1, 5, 4]
+    segment = torch.repeat_interleave(torch.arange(4), torch.tensor(lengths))
+    old = -torch.rand(len(segment)) * 3
+    logp = (old + 0.4 * torch.randn(len(segment))).requires_grad_(True)
+    with torch.no_grad():
+        logp[2] += 25.0  # a token far beyond the clamp, offset by another in the same sample (sum inside +-20)
+        logp[0] -= 24.0
+        logp[9] -= 30.0
+    adv = torch.tensor([1.0, -0.5, 2.0, -1.5])[segment]
+    packed = packed_policy_loss(logp, old, adv, segment, loss_name, LossParams(), normalizer=7.0).loss
+    seqs = unpack_terms(logp, old, adv, segment)
+    per_token = get_policy_loss(loss_name)((seqs.log_probs - seqs.old_log_probs) * seqs.mask, seqs.advantages,
+                                           seqs.mask, LossParams())  # fmt: skip
+    reference = (per_token * seqs.mask).sum() / 7.0
+    assert packed.item() == pytest.approx(reference.item(), rel=1e-5, abs=1e-7)
+    (g_packed,) = torch.autograd.grad(packed, logp)
+    (g_reference,) = torch.autograd.grad(reference, logp)
+    assert torch.allclose(g_packed, g_reference, rtol=1e-5, atol=1e-7)
