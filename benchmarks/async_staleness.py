@@ -366,6 +366,24 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def real_markdown(real_records: dict[str, dict]) -> str:
+    """The real-server stage's table: the staleness and waste this machine's real pipeline produced per arm."""
+    lines = ["| arm | updates | staleness at use, mean (max) | TRL's staleness at dequeue, mean | dropped share of "
+             "received tokens | sampler gap at staleness 0, max per token / sd of log W |",
+             "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for loss, bound in ARMS:
+        r = real_records.get(run_name(loss, bound, PILOT_SEEDS[0]))
+        if r is None:
+            continue
+        use = [x for x in r["staleness_at_use"] if x is not None]
+        deq = [x for x in r["staleness_at_dequeue"] if x is not None]
+        gap = r["sampler_gap"]
+        lines.append(f"| {loss} @ {bound} | {r['updates']} | {statistics.fmean(use):.2f} ({max(use):.0f}) | "
+                     f"{statistics.fmean(deq):.2f} | {100 * r['dropped_share_of_received']:.1f}% | "
+                     f"{gap['token_abs_max']:.1e} / {gap['sequence_log_w_sd']:.1e} |")
+    return "\n".join(lines)
+
+
 def summary(args) -> dict:
     import json
 
@@ -384,6 +402,12 @@ def summary(args) -> dict:
     result["command"] = command("async_staleness", sys.argv[1:])
     (out / "summary.json").write_text(json.dumps(result, indent=1))
     print(markdown(result))
+    real_records = load_runs(out / "real")
+    if real_records:
+        result["real"] = {name: {k: r[k] for k in ("received_tokens", "dropped_tokens", "dropped_share_of_received",
+                                                  "sampler_gap", "commit")} for name, r in real_records.items()}  # fmt: skip
+        (out / "summary.json").write_text(json.dumps(result, indent=1))
+        print("\n" + real_markdown(real_records))
     print(json.dumps({k: result[k] for k in ("answer_baselines", "commits") if k in result}))
     if "claim_holds" in result:
         print(f"claim (respo @ 16 loses nothing against clip @ 4 and wastes less): "

@@ -57,7 +57,7 @@ import time
 
 import torch
 
-from benchmarks.common import machine_info
+from benchmarks.common import code_commit, machine_info
 from respo_trl.diagnostics import sequence_stats
 from respo_trl.kernels import LossParams, respo_coefficients
 from respo_trl.packed import packed_policy_loss
@@ -452,7 +452,7 @@ def main_packed(args) -> dict:
     start = time.perf_counter()
     rows = [bench_packed(length, args, lambda line: print(line, flush=True)) for length in args.lengths]
     result = {"config": dict(vars(args)), "machine": info, "rows": rows, "runtime_s": time.perf_counter() - start,
-              "command": "OMP_NUM_THREADS=1 python -m benchmarks.kernel_microbench --packed"}  # fmt: skip
+              "commit": code_commit(), "command": "OMP_NUM_THREADS=1 python -m benchmarks.kernel_microbench --packed"}  # fmt: skip
     lines = ["| T (max tokens/sample) | method | median ms | IQR ms | x trl_clip (median of paired ratios) | peak MB |",
              "|---:|---|---:|---:|---:|---:|"]
     for row in rows:
