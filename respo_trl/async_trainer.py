@@ -141,9 +141,10 @@ class AsyncReSPOTrainer(AsyncGRPOTrainer):
         if not self.accelerator.is_main_process:
             return
         known = versions[versions >= 0]
-        staleness = self.model_version - known
+        staleness = self.model_version - known  # in versions: one per sync, every weight_sync_steps updates
         if staleness.numel():
-            metrics["staleness/at_use_mean"] = staleness.mean().item()
+            # a (sum, count) pair: TRL's log reduces it per sample over the window, whatever each micro-batch holds
+            metrics["staleness/at_use_mean"] = (staleness.sum().item(), float(staleness.numel()))
             metrics["staleness/at_use_max"] = staleness.max().item()
         for key, value in metrics.items():
             self._metrics["train"][key].append(value)
@@ -152,7 +153,8 @@ class AsyncReSPOTrainer(AsyncGRPOTrainer):
     def _warn_sampler_gap(self, staleness, log_weight_std) -> None:
         """Once per run: on a micro-batch of samples used at staleness 0, a spread of ``log W`` above the alarm's line
         means the sampler's log-probabilities, not policy movement, are moving ``W``."""
-        fresh = staleness.numel() > 0 and staleness.max().item() == 0
+        # staleness 0 means "sampled by the weights in use" only when every update is synced
+        fresh = staleness.numel() > 0 and staleness.max().item() == 0 and self.args.weight_sync_steps == 1
         if self._sampler_gap_warned or not fresh or log_weight_std is None or not math.isfinite(log_weight_std):
             return
         if self._loss_name == "ppo" or log_weight_std <= SAMPLER_GAP_STD:

@@ -231,3 +231,30 @@ def test_packed_loss_equals_the_registered_loss_on_whole_sequences(loss_name):
     (g_packed,) = torch.autograd.grad(packed, logp)
     (g_reference,) = torch.autograd.grad(reference, logp)
     assert torch.allclose(g_packed, g_reference, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("case", ["sampler_gap", "policy_moved_between_syncs"])
+def test_sampler_gap_alarm_fires_on_a_sampler_gap_only(model_dir, tokenizer, prompts, monkeypatch, case):
+    """The alarm blames the sampler when fresh samples' log W spreads: it must fire when the sampler really differs
+    (a sampler at another temperature) and stay quiet when the policy moved between syncs (weight_sync_steps > 1:
+    a sample of the current version can be several updates old)."""
+    from respo_trl import async_trainer
+    from respo_trl.async_config import AsyncReSPOConfig
+    from respo_trl.async_rollouts import InProcessRollouts
+    from respo_trl.async_trainer import AsyncReSPOTrainer
+
+    warnings = []
+    monkeypatch.setattr(async_trainer.logger, "warning", lambda message, *a, **k: warnings.append(str(message)))
+    gap = case == "sampler_gap"
+    args = AsyncReSPOConfig(output_dir="/tmp/respo-async-alarm",
+                            **{**ASYNC_ARGS, "weight_sync_steps": 1 if gap else 2, "max_steps": 4})  # fmt: skip
+    worker = InProcessRollouts(model_dir, tokenizer, prompts, crc_reward, num_generations=args.num_generations,
+                               max_tokens=args.max_completion_length, temperature=4.0 if gap else 1.0)  # fmt: skip
+    trainer = AsyncReSPOTrainer(model_dir, crc_reward, args, train_dataset=prompts, processing_class=tokenizer,
+                                rollout_worker=worker, weight_transfer=worker)  # fmt: skip
+    trainer.train()
+    fresh = [log["offpolicy/log_weight/std"] for log in trainer.state.log_history
+             if log.get("staleness/at_use_max") == 0 and "offpolicy/log_weight/std" in log]  # fmt: skip
+    assert max(fresh) > 0.5  # updates with every sample at staleness 0 whose log W spread past the alarm's line
+    fired = any("sampler's log-probabilities" in w for w in warnings)
+    assert fired == gap
