@@ -324,6 +324,66 @@ def design(args) -> dict:
     return result
 
 
+def answer_baselines(extra: list[str]) -> dict:
+    """What answering without arithmetic scores on the 500 test problems: the best constant answer (the test split's
+    most common sum) and a guess drawn from the training answers' distribution (``sum_a p_train(a) p_test(a)``)."""
+    import collections
+
+    from respo_trl import recipe
+
+    script_args, _, _ = recipe.parse_args([*extra, "--loss_type", "dapo"])
+    train, heldout = recipe.build_datasets(script_args)
+    train_counts, test_counts = collections.Counter(train["solution"]), collections.Counter(heldout["solution"])
+    n_train, n_test = sum(train_counts.values()), sum(test_counts.values())
+    constant, count = max(test_counts.items(), key=lambda kv: (kv[1], kv[0]))
+    return {"problems": n_test, "best_constant_answer": constant, "best_constant": count / n_test,
+            "guess": sum(train_counts[a] / n_train * c / n_test for a, c in test_counts.items())}  # fmt: skip
+
+
+def _ci(diff: dict) -> str:
+    if diff["mean"] is None:
+        return "n/a"
+    if diff["ci"] is None:
+        return f"{diff['mean']:+.1f}"
+    return f"{diff['mean']:+.1f} [{diff['ci'][0]:+.1f}, {diff['ci'][1]:+.1f}]"
+
+
+def markdown(result: dict) -> str:
+    """The page's tables, from ``summary.json``'s content."""
+    lines = ["| arm | seeds | final accuracy (500) | peak (200) | largest fall | dropped share | updates |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for arm in result["arms"]:
+        if not arm["n"]:
+            continue
+        lines.append(f"| {arm['loss']} @ {arm['bound']} | {arm['n']} | {100 * arm['after']:.1f}% | {arm['peak']:.1f}% | "
+                     f"{arm['largest_fall']:.1f} | {100 * arm['dropped_share']:.1f}% | {arm['updates']:.1f} |")
+    if "reading" in result:
+        lines += ["", "| arm vs clip @ 4 | final accuracy, paired mean [95% CI], points | unmatched falls (seeds) | "
+                  "dropped share, paired mean [95% CI], points | loses nothing | wastes less |", "|---|---:|---|---:|---|---|"]
+        for name, r in result["reading"].items():
+            lines.append(f"| {name} | {_ci(r['accuracy'])} | {r['unmatched_falls'] or 'none'} | {_ci(r['dropped_share'])} | "
+                         f"{'yes' if r['loses_nothing'] else 'no'} | {'yes' if r['wastes_less'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def real_markdown(real_records: dict[str, dict]) -> str:
+    """The real-server stage's table: the staleness and waste this machine's real pipeline produced per arm."""
+    lines = ["| arm | updates | staleness at use, mean (max) | TRL's staleness at dequeue, mean | dropped share of "
+             "received tokens | sampler gap at staleness 0, max per token / sd of log W |",
+             "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for loss, bound in ARMS:
+        r = real_records.get(run_name(loss, bound, PILOT_SEEDS[0]))
+        if r is None:
+            continue
+        use = [x for x in r["staleness_at_use"] if x is not None]
+        deq = [x for x in r["staleness_at_dequeue"] if x is not None]
+        gap = r["sampler_gap"]
+        lines.append(f"| {loss} @ {bound} | {r['updates']} | {statistics.fmean(use):.2f} ({max(use):.0f}) | "
+                     f"{statistics.fmean(deq):.2f} | {100 * r['dropped_share_of_received']:.1f}% | "
+                     f"{gap['token_abs_max']:.1e} / {gap['sequence_log_w_sd']:.1e} |")
+    return "\n".join(lines)
+
+
 def summary(args) -> dict:
     import json
 
@@ -336,9 +396,22 @@ def summary(args) -> dict:
         result["reading"] = reading(records, design["margin"], design["fall"])
         claim = result["reading"].get(f"{CLAIMED[0]}@{CLAIMED[1]}", {})
         result["claim_holds"] = bool(claim.get("loses_nothing") and claim.get("wastes_less"))
+        result["margin"], result["fall"] = design["margin"], design["fall"]
+    result["answer_baselines"] = answer_baselines([*(SMOKE["args"] if args.smoke else []), *TASK_ARGS])
+    result["commits"] = sorted({r["commit"] for r in records.values()})
     result["command"] = command("async_staleness", sys.argv[1:])
     (out / "summary.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: v for k, v in result.items() if k != "command"}, indent=1))
+    print(markdown(result))
+    real_records = load_runs(out / "real")
+    if real_records:
+        result["real"] = {name: {k: r[k] for k in ("received_tokens", "dropped_tokens", "dropped_share_of_received",
+                                                  "sampler_gap", "commit")} for name, r in real_records.items()}  # fmt: skip
+        (out / "summary.json").write_text(json.dumps(result, indent=1))
+        print("\n" + real_markdown(real_records))
+    print(json.dumps({k: result[k] for k in ("answer_baselines", "commits") if k in result}))
+    if "claim_holds" in result:
+        print(f"claim (respo @ 16 loses nothing against clip @ 4 and wastes less): "
+              f"{'holds' if result['claim_holds'] else 'does not hold'}")
     if records:
         plot(records, out / "async_staleness.png")
     return result

@@ -57,10 +57,10 @@ import time
 
 import torch
 
-from benchmarks.common import machine_info
+from benchmarks.common import code_commit, machine_info
 from respo_trl.diagnostics import sequence_stats
 from respo_trl.kernels import LossParams, respo_coefficients
-from respo_trl.packed import packed_policy_loss, unpack_terms
+from respo_trl.packed import packed_policy_loss
 
 EPSILON = 0.2  # TRL's default epsilon (= epsilon_high when unset)
 PARAMS = LossParams()  # ReSPO (the paper's constants, no mask) and VESPO at the package / TRL defaults
@@ -294,9 +294,9 @@ def trl_async_clip(x: dict) -> torch.Tensor:
 
 
 def _packed(x: dict, loss_name: str) -> torch.Tensor:
-    # what AsyncReSPOTrainer runs: the scatter to (samples x tokens), then the registered loss and TRL's aggregation
-    sequences = unpack_terms(x["logp"], x["old"], x["advantages"], x["segment"], num_sequences=x["batch"])
-    return packed_policy_loss(sequences, loss_name, PARAMS, normalizer=x["tokens"].clamp(min=1.0)).loss
+    # what AsyncReSPOTrainer runs: each sample's coefficient from its summed log-ratio, the loss on the flat terms
+    return packed_policy_loss(x["logp"], x["old"], x["advantages"], x["segment"], loss_name, PARAMS,
+                              normalizer=x["tokens"].clamp(min=1.0), num_sequences=x["batch"]).loss
 
 
 PACKED_LOSSES = {"trl_clip": trl_async_clip, "respo": lambda x: _packed(x, "respo"),
@@ -452,7 +452,7 @@ def main_packed(args) -> dict:
     start = time.perf_counter()
     rows = [bench_packed(length, args, lambda line: print(line, flush=True)) for length in args.lengths]
     result = {"config": dict(vars(args)), "machine": info, "rows": rows, "runtime_s": time.perf_counter() - start,
-              "command": "OMP_NUM_THREADS=1 python -m benchmarks.kernel_microbench --packed"}  # fmt: skip
+              "commit": code_commit(), "command": "OMP_NUM_THREADS=1 python -m benchmarks.kernel_microbench --packed"}  # fmt: skip
     lines = ["| T (max tokens/sample) | method | median ms | IQR ms | x trl_clip (median of paired ratios) | peak MB |",
              "|---:|---|---:|---:|---:|---:|"]
     for row in rows:

@@ -49,15 +49,19 @@ class InProcessRollouts:
     conversational ``prompt`` column, its other columns go to the reward functions as TRL's worker passes them;
     ``lag_probabilities`` maps a lag ``k >= 0`` (versions behind the current policy) to its probability (default: all
     samples fresh); one lag is drawn per call, which samples ``groups_per_call`` prompts' groups in one batch. The
-    version a group is sampled from is never below the first synced one.
+    version a group is sampled from is never below the first synced one. ``dtype``: the sampler's, the trainer's by
+    default (float32). Sampling seeds torch's global generator once per call (deterministic runs).
     """
 
     def __init__(self, model, processing_class, dataset, reward_funcs, *, num_generations: int, max_tokens: int,
                  temperature: float = 1.0, lag_probabilities: dict[int, float] | None = None, seed: int = 0,
-                 groups_per_call: int = 1):  # fmt: skip
+                 groups_per_call: int = 1, dtype: str = "float32"):  # fmt: skip
         from transformers import AutoModelForCausalLM
 
-        self.sampler = AutoModelForCausalLM.from_pretrained(model).eval() if isinstance(model, str) else model.eval()
+        # the trainer's dtype (float32 unless its config says otherwise), not the checkpoint's: a bf16 sampler would
+        # give every sample a sampler gap the trainer does not have
+        self.sampler = (AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)) if isinstance(model, str)
+                        else model).eval()  # fmt: skip
         self.tokenizer = processing_class
         self.dataset = dataset
         self.reward_funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]

@@ -104,20 +104,19 @@ class AsyncReSPOTrainer(AsyncGRPOTrainer):
         log_probs = output.log_probs.flatten()[inputs["token_index"][selected]]  # TRL's indexing of its forward
         versions = inputs["sample_version"][0]
         versions = versions[versions != PADDED_VERSION]
-        sequences = unpack_terms(log_probs, inputs["old_log_probs"][selected], inputs["advantages"][selected],
-                                 inputs["segment_id"][selected], num_sequences=len(versions))  # fmt: skip
-        weights = None
+        terms = (log_probs, inputs["old_log_probs"][selected], inputs["advantages"][selected],
+                 inputs["segment_id"][selected])  # fmt: skip
         if self._loss_name == "ppo":
             loss = trl_loss
         else:
             accumulation = self.current_gradient_accumulation_steps
             tokens_per_rank = (inputs["global_n_tokens"][0] / self.accelerator.num_processes).clamp(min=1.0)
-            result = packed_policy_loss(sequences, self._loss_name, self.loss_params, normalizer=tokens_per_rank.float())
-            weights = result.weights
+            result = packed_policy_loss(*terms, self._loss_name, self.loss_params, normalizer=tokens_per_rank.float(),
+                                        num_sequences=len(versions))  # fmt: skip
             loss = result.loss / accumulation
             if self.aux_loss_enabled:  # as TRL adds it
                 loss = loss + self.router_aux_loss_coef * output.aux_loss / accumulation
-        self._log_sequence_metrics(sequences, weights, versions)
+        self._log_sequence_metrics(log_probs.detach(), terms[1:], versions)
         return loss
 
     def _gather_rows(self, table: torch.Tensor) -> torch.Tensor:
@@ -126,23 +125,26 @@ class AsyncReSPOTrainer(AsyncGRPOTrainer):
         gathered = self.accelerator.gather(padded)
         return gathered[~torch.isnan(gathered).all(-1)]
 
-    def _log_sequence_metrics(self, sequences, weights, versions) -> None:
-        """ReSPO's diagnostics on this micro-batch's sequences and each sample's staleness when used."""
+    def _log_sequence_metrics(self, log_probs, terms, versions) -> None:
+        """ReSPO's diagnostics on this micro-batch's samples (their terms laid out as (S, T)) and each sample's
+        staleness when used."""
         metrics = {}
-        versions = versions.float().to(sequences.mask.device)
+        versions = versions.float().to(log_probs.device)
         if self.args.respo_log_diagnostics:
+            sequences = unpack_terms(log_probs, *terms, num_sequences=len(versions))
             metrics, versions = step_metrics(
-                sequences.log_probs.detach(), sequences.old_log_probs, sequences.advantages, sequences.mask,
-                self.loss_params, self._loss_name, weights=weights, staleness=versions, gather=self._gather_rows,
+                sequences.log_probs, sequences.old_log_probs, sequences.advantages, sequences.mask, self.loss_params,
+                self._loss_name, staleness=versions, gather=self._gather_rows,
             )  # fmt: skip  (the staleness column carries the versions; staleness is read on the main process)
         else:
             versions = self._gather_rows(versions.unsqueeze(-1)).squeeze(-1)
         if not self.accelerator.is_main_process:
             return
         known = versions[versions >= 0]
-        staleness = self.model_version - known
+        staleness = self.model_version - known  # in versions: one per sync, every weight_sync_steps updates
         if staleness.numel():
-            metrics["staleness/at_use_mean"] = staleness.mean().item()
+            # a (sum, count) pair: TRL's log reduces it per sample over the window, whatever each micro-batch holds
+            metrics["staleness/at_use_mean"] = (staleness.sum().item(), float(staleness.numel()))
             metrics["staleness/at_use_max"] = staleness.max().item()
         for key, value in metrics.items():
             self._metrics["train"][key].append(value)
@@ -151,7 +153,8 @@ class AsyncReSPOTrainer(AsyncGRPOTrainer):
     def _warn_sampler_gap(self, staleness, log_weight_std) -> None:
         """Once per run: on a micro-batch of samples used at staleness 0, a spread of ``log W`` above the alarm's line
         means the sampler's log-probabilities, not policy movement, are moving ``W``."""
-        fresh = staleness.numel() > 0 and staleness.max().item() == 0
+        # staleness 0 means "sampled by the weights in use" only when every update is synced
+        fresh = staleness.numel() > 0 and staleness.max().item() == 0 and self.args.weight_sync_steps == 1
         if self._sampler_gap_warned or not fresh or log_weight_std is None or not math.isfinite(log_weight_std):
             return
         if self._loss_name == "ppo" or log_weight_std <= SAMPLER_GAP_STD:

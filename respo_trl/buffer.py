@@ -13,7 +13,7 @@ refreshes.
 
 The state is saved as ``rollout_buffer-rank{r}.safetensors`` (tensors) + ``.json`` (everything else): no pickle.
 Each file is written to a temporary name and renamed into place, so a kill mid-save never leaves a half-written file
-under the real name. :func:`checkpoint_status` tells a complete trainer checkpoint from an interrupted one.
+under the real name. :func:`respo_trl.checkpoints.checkpoint_status` tells a complete trainer checkpoint from an interrupted one.
 """
 
 from __future__ import annotations
@@ -85,6 +85,13 @@ def _select(value: Any, index: torch.Tensor) -> Any:
 
 def _has_rows(value: Any) -> bool:
     return isinstance(value, list) or value.ndim > 0
+
+
+def _own(value: Any) -> Any:
+    """A slice of the stored batch as a copy of its own (a list's tensors too)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    return [v.clone() if isinstance(v, torch.Tensor) else v for v in value]
 
 
 def _to(value: Any, device: torch.device | str | None) -> Any:
@@ -386,16 +393,19 @@ class RolloutBuffer:
         return (groups[:, None] * self.group_size + torch.arange(self.group_size)).reshape(-1)
 
     def micro_batch(self, pass_index: int, micro_index: int, device: torch.device | str | None = None) -> Batch:
-        """Micro-batch ``micro_index`` of the batch's own pass ``pass_index``. In the identity order (the first pass,
-        or no reshuffling) it is a slice of the stored tensors, a view, not a copy (with Routing Replay at 30B
-        geometry the routes alone are ~1.8 GB per GPU); a reshuffled pass gathers only the rows of this micro-batch."""
+        """Micro-batch ``micro_index`` of the batch's own pass ``pass_index``, as tensors of its own: an in-place edit
+        of what is served (by the trainer, TRL or a user's hook) never reaches the stored batch or a later pass. Only
+        this micro-batch's rows are copied, never the whole batch (with Routing Replay at 30B geometry the routes
+        alone are ~1.8 GB per GPU): the identity order (the first pass, or no reshuffling) copies its slice, a
+        reshuffled pass gathers its rows."""
         if self.batch is None:
             raise RuntimeError("the rollout buffer is empty: store a generation batch first")
         size = _batch_size(self.batch)
         width = size // self.steps_per_generation
         if self.group_size is None and (pass_index == 0 or not self.reshuffle):
             rows = slice(micro_index * width, (micro_index + 1) * width)
-            chunk = {k: v[rows] if isinstance(v, (torch.Tensor, list)) and _has_rows(v) else v for k, v in self.batch.items()}
+            chunk = {k: _own(v[rows]) if isinstance(v, (torch.Tensor, list)) and _has_rows(v) else v
+                     for k, v in self.batch.items()}  # fmt: skip
         else:
             if self._permutation is None or self._permutation[0] != pass_index:
                 self._permutation = (pass_index, self.permutation(pass_index))

@@ -420,8 +420,10 @@ def respo_weights(
     *,
     sampler_ratio: Tensor | None = None,
     log_w: Tensor | None = None,
+    log_sampler_ratio: Tensor | None = None,
 ) -> ReSPOWeights:
-    """ReSPO's detached per-token coefficient and what it is made of, each computed once:
+    """ReSPO's detached per-token coefficient and what it is made of, each computed once; every engine assembles it
+    here (the TRL trainers through :mod:`respo_trl.trl_loss` and :mod:`respo_trl.packed`, verl's plugin directly):
 
     1. The sampler correction is folded in log space (:func:`fold_sampler_ratio`): tokens or sequences it masks are
        dropped, never turned into a large negative log-weight.
@@ -437,9 +439,15 @@ def respo_weights(
     ``log_w`` (B,), where finite, is the ``log W_i`` the kernel evaluates instead of step 2's: the weight a sample had
     on its first pass, which ``respo_epoch_weight="first_pass"`` keeps for its later passes (docs/method.md, section 6);
     the returned ``log_w`` is always the current one (how far the policy has moved).
+
+    ``log_sampler_ratio``: a sampler correction already folded and laid out as :func:`sequence_log_weight` adds it
+    (verl's plugin reads verl's two layouts itself), instead of ``sampler_ratio``; ``mask`` then holds only kept tokens.
     """
+    if sampler_ratio is not None and log_sampler_ratio is not None:
+        raise ValueError("pass the sampler correction once: sampler_ratio or log_sampler_ratio, not both")
     with torch.no_grad():
         log_c, kept = fold_sampler_ratio(sampler_ratio, mask)
+        log_c = log_c if log_sampler_ratio is None else log_sampler_ratio
         current = sequence_log_weight(log_ratio, kept, log_c)
         evaluated = current if log_w is None else torch.where(torch.isfinite(log_w), log_w.to(current), current)
         a = _column(advantages).detach()

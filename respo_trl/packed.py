@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from .kernels import LossParams, ReSPOWeights, get_policy_loss, respo_weights
+from .kernels import LOG_W_CLAMP, LossParams, ReSPOWeights, respo_weights, vespo_phi
 
 Tensor = torch.Tensor
 
@@ -61,23 +61,43 @@ def unpack_terms(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, s
 class PackedLoss(NamedTuple):
     """One micro-batch's policy loss on packed rows and what it applied."""
 
-    loss: Tensor  # scalar, differentiable: sum over terms / tokens_per_rank (TRL's async normaliser)
-    sequences: PackedSequences
-    weights: ReSPOWeights | None  # ReSPO's coefficients, log W and phi (None for other losses)
+    loss: Tensor  # scalar, differentiable: sum over terms / normalizer (TRL's async tokens_per_rank)
+    weights: ReSPOWeights | None  # ReSPO's weights per sample, (S, 1) layout: log W, phi (None for VESPO)
 
 
-def packed_policy_loss(sequences: PackedSequences, loss_name: str, params: LossParams, *,
-                       normalizer: Tensor | float) -> PackedLoss:  # fmt: skip
-    """``sum_i sum_t m_it ell_it / normalizer`` for the registered loss ``loss_name`` (``"respo"``, ``"vespo"``,
-    ``"ppo"``), with ``ell`` from :mod:`respo_trl.kernels`: for ReSPO ``ell_it = -phi_{sign A_i}(W_i) A_i log r_it``
-    with ``log r_it = log pi_theta - log mu`` and a detached ``phi`` (the same function the synchronous trainer and the
-    verl plugin call). ``normalizer`` is TRL's async ``tokens_per_rank`` (the global trained-token count over the world
-    size), so the three losses share TRL's aggregation exactly."""
-    log_ratio = (sequences.log_probs - sequences.old_log_probs) * sequences.mask
-    weights = None
-    if loss_name == "respo":
-        weights = respo_weights(log_ratio, sequences.advantages, sequences.mask, params)
-        per_token = -weights.coefficients * sequences.advantages.unsqueeze(-1) * log_ratio
-    else:
-        per_token = get_policy_loss(loss_name)(log_ratio, sequences.advantages, sequences.mask, params)
-    return PackedLoss((per_token * sequences.mask).sum() / normalizer, sequences, weights)
+def packed_policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, segment_id: Tensor,
+                       loss_name: str, params: LossParams, *, normalizer: Tensor | float,
+                       num_sequences: int | None = None) -> PackedLoss:  # fmt: skip
+    """``sum_m ell_m / normalizer`` over a row's flat loss terms for ``loss_name`` (``"respo"`` or ``"vespo"``), with
+    TRL's async aggregation: ``ell_m = -c_m A_m log r_m``, ``log r_m = log pi_theta - log mu`` (gradient
+    ``-c A grad log pi``), ``c_m`` the coefficient of the term's sample.
+
+    A sample's coefficient depends on its terms only through their sum ``l_i = sum_t log r_it`` (ReSPO:
+    ``phi_{sign A_i}(clamp(l_i, -20, 20))``; VESPO: the same after clamping each term to +-20, as TRL does), so it
+    is computed from the samples' sums laid out as (S, 1) by the functions every engine uses
+    (:func:`respo_trl.kernels.respo_weights`, :func:`respo_trl.kernels.vespo_phi`) and gathered back onto the terms;
+    the loss stays flat. No token mask: in the async trainer each sample is used once. ``normalizer`` is TRL's async
+    ``tokens_per_rank`` (the global trained-token count over the world size)."""
+    if loss_name not in ("respo", "vespo"):
+        raise ValueError(f"packed_policy_loss computes the sequence losses 'respo' and 'vespo', got {loss_name!r}")
+    if params.respo_trust_mask:
+        raise ValueError("the packed loss has no token trust mask (each sample is used once): set it off")
+    segment_id = segment_id.long()
+    if num_sequences is None:
+        num_sequences = int(segment_id.max().item()) + 1 if segment_id.numel() else 0
+    log_ratio = log_probs - old_log_probs.detach()
+    with torch.no_grad():
+        terms = log_ratio.detach().float()
+        if loss_name == "vespo":
+            terms = terms.clamp(-LOG_W_CLAMP, LOG_W_CLAMP)
+        sums = terms.new_zeros(num_sequences).index_add_(0, segment_id, terms).unsqueeze(-1)  # (S, 1): l_i
+        trained = (torch.bincount(segment_id, minlength=num_sequences) > 0).unsqueeze(-1)
+        per_sample = advantages.new_zeros(num_sequences).index_put((segment_id,), advantages.detach())
+        weights = None
+        if loss_name == "respo":
+            weights = respo_weights(sums, per_sample, trained, params)
+            coefficients = weights.coefficients[:, 0][segment_id]
+        else:
+            coefficients = vespo_phi(sums, per_sample, trained, params)[:, 0][segment_id]
+    per_term = -coefficients.to(log_ratio.dtype) * advantages.detach() * log_ratio
+    return PackedLoss(per_term.sum() / normalizer, weights)

@@ -230,9 +230,9 @@ class ReSPOTrainer(GRPOTrainer):
             check_trl_loop_state(self)
         inputs, dropped = drop_nonfinite(inputs)
         forward = LossForward(dropped)
-        # respo_epoch_weight="first_pass": each row's first-pass log W (NaN on its first pass); a copy, because the
-        # stored batch is written right after the loss
-        kept_log_w = inputs[FIRST_LOG_W_KEY].clone() if self.model.training and FIRST_LOG_W_KEY in inputs else None
+        # respo_epoch_weight="first_pass": each row's first-pass log W (NaN on its first pass); the buffer serves copies,
+        # so writing the stored batch after the loss leaves this one as it was
+        kept_log_w = inputs[FIRST_LOG_W_KEY] if self.model.training and FIRST_LOG_W_KEY in inputs else None
         self._loss_forward = forward  # closed below, whatever happens (the one exception, module docstring)
         try:
             with self._routes(inputs):  # MoE Routing Replay: the micro-batch's recorded routes
@@ -398,7 +398,7 @@ class ReSPOTrainer(GRPOTrainer):
 
     def _save_checkpoint(self, model, trial):
         # The buffer goes in first so that a checkpoint pushed to the Hub by super() carries it too; super() writes
-        # trainer_state.json last, which is what marks a checkpoint complete (buffer.checkpoint_status).
+        # trainer_state.json last, which is what marks a checkpoint complete (checkpoints.checkpoint_status).
         checkpoint_dir = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         self.rollouts.save(
             checkpoint_dir,

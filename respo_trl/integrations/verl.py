@@ -114,9 +114,9 @@ from respo_trl.diagnostics import LOW_WEIGHT_LOG_W, positive_low_weight_stats  #
 from respo_trl.kernels import (  # noqa: E402
     CONSTANT_KEYS,
     RESPO_DEFAULTS,
+    LossParams,
     fold_sampler_ratio,
-    respo_kernel,
-    sequence_log_weight,
+    respo_weights,
     validate_respo_constants,
 )
 
@@ -189,6 +189,11 @@ def respo_constants(config: Any) -> tuple[dict[str, float], str]:
     return {name: float(values[key]) for key, name in _KEYS.items()}, rollout_is or "auto"
 
 
+def _loss_fields(constants: dict[str, float]) -> dict[str, float]:
+    """The kernel's constants (``alpha_pos`` ...) under ``LossParams``' field names (``respo_alpha_pos`` ...)."""
+    return {key: constants[name] for key, name in _KEYS.items()}
+
+
 def _get(obj: Any, key: str, default: Any = None) -> Any:
     if isinstance(obj, dict) or hasattr(obj, "get"):
         return obj.get(key, default)
@@ -246,14 +251,15 @@ def compute_policy_loss_respo(
     keep = keep if kept_by_rs is None else keep & kept_by_rs
 
     log_ratio = (log_prob - old_log_prob).detach()
-    log_sampler = None if log_c is None else sampler_log_ratio(log_c, keep, level)
-    log_w = sequence_log_weight(log_ratio, keep, log_sampler)  # (B,), clamped to [-20, 20]
-
     m = mask.to(advantages.dtype)
     seq_advantage = (advantages * m).sum(-1) / m.sum(-1).clamp_min(1.0)  # A_i (GRPO: constant over the response)
-    phi = respo_kernel(log_w, seq_advantage.to(log_w.dtype), **constants).to(log_prob.dtype)  # (B,), detached
+    # the coefficient every engine uses (kernels.respo_weights): log W_i = clamp(sum_t m_it log r_it [+ log c], +-20),
+    # phi_{sign A_i}(W_i) on the kept tokens, 0 elsewhere
+    weights = respo_weights(log_ratio, seq_advantage.to(torch.float32), keep, LossParams(**_loss_fields(constants)),
+                            log_sampler_ratio=None if log_c is None else sampler_log_ratio(log_c, keep, level))  # fmt: skip
+    log_w, phi = weights.log_w, weights.phi.squeeze(-1).to(log_prob.dtype)  # (B,), detached
 
-    loss_mat = -phi.unsqueeze(-1) * advantages * log_prob * keep.to(log_prob.dtype)
+    loss_mat = -weights.coefficients.to(log_prob.dtype) * advantages * log_prob
     batch_info = dict(_get(config, "global_batch_info", None) or {}) if config is not None else {}
     loss = agg_loss(loss_mat=loss_mat, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
 

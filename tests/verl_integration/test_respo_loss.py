@@ -16,7 +16,7 @@ from verl.trainer.ppo.core_algos import get_policy_loss_fn  # noqa: E402
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights  # noqa: E402
 
 import respo_trl.integrations.verl as respo_verl  # noqa: E402
-from respo_trl.integrations.verl import respo_kernel, sequence_log_weight  # noqa: E402  (the library's kernel)
+from respo_trl.kernels import respo_kernel, sequence_log_weight  # noqa: E402  (the library's kernel)
 
 torch.set_default_dtype(torch.float64)
 # respo_trl.kernels sums log W in float32 (as the TRL trainer does) and evaluates phi in float64: agreement with the
@@ -260,3 +260,22 @@ def test_metrics_are_per_response_averages_of_the_kernel(batch, actor_config):
     assert metrics["respo/low_weight_pos/share"] == pytest.approx(share)
     assert metrics["respo/low_weight_pos/mass_share"] == pytest.approx(mass_share)
     assert metrics["respo/low_weight_pos/mass_ratio"] == pytest.approx(mass_share / share)
+
+
+def test_verls_coefficient_is_the_one_every_engine_assembles(batch, actor_config, monkeypatch):
+    """One ReSPO coefficient for every engine: verl's loss takes its per-token coefficient from
+    ``kernels.respo_weights`` (the TRL trainers' function) and applies exactly that."""
+    import respo_trl.kernels as kernels
+
+    seen = []
+
+    def recording(*args, **kwargs):
+        weights = kernels.respo_weights(*args, **kwargs)
+        seen.append(weights.coefficients)
+        return weights
+
+    monkeypatch.setattr(respo_verl, "respo_weights", recording)
+    loss, _ = respo_loss(batch, config=actor_config())
+    (coefficients,) = seen
+    A, lp, m = batch["advantages"], batch["log_prob"], batch["mask"]
+    torch.testing.assert_close(grad_of(loss, batch), -(coefficients.to(lp.dtype) * A * m) / m.sum(), **CLOSE)
