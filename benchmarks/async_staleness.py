@@ -52,7 +52,7 @@ BASELINE, CLAIMED = ("clip", 4), ("respo", 16)
 FALL = 15.0  # points below a run's running peak that count as a fall (the rule, section 2)
 LR = 1e-4  # the rate where stale passes hurt on this model (docs/benchmarks/reuse_lm.md 2.7.2)
 # Versions between the policy that samples and the current one, per call: P(k) ~ 0.7^k for k = 0..12 (mean 2.2;
-# 16.8% of samples beyond 4, none beyond 16). A long-tailed delay, as slow requests give; not this machine's real
+# 16.0% of samples beyond 4, none beyond 12). A long-tailed delay, as slow requests give; not this machine's real
 # pipeline, which the `real` stage measures (the page says how they differ).
 LAGS = {k: 0.7**k for k in range(13)}
 GROUPS_PER_CALL = 2
