@@ -89,34 +89,6 @@ def run_name(loss: str, bound: int, seed: int) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class HeldoutProbe:
-    """Greedy held-out accuracy of the trainer's current weights, on a copy with standard attention (the trainer's
-    model runs TRL's tree attention, which only packed rows can use)."""
-
-    def __init__(self, warm_path: str, tokenizer, heldout, curve_size: int, max_new_tokens: int):
-        from transformers import AutoModelForCausalLM
-
-        self.model = AutoModelForCausalLM.from_pretrained(warm_path).eval()
-        self.tokenizer, self.heldout, self.max_new_tokens = tokenizer, heldout, max_new_tokens
-        self.curve_set = heldout.select(range(min(curve_size, len(heldout))))
-
-    def measure(self, trainer, dataset=None) -> dict:
-        import torch
-        from trl.rewards import accuracy_reward
-
-        from respo_trl.grading import accuracy_scores
-        from respo_trl.recipe.generation import generate
-
-        dataset = self.heldout if dataset is None else dataset
-        if trainer is not None:
-            self.model.load_state_dict(trainer.model.state_dict(), strict=False)
-        with torch.no_grad():
-            texts, _ = generate(self.model, self.tokenizer, dataset["prompt"], max_new_tokens=self.max_new_tokens,
-                                batch_size=128)  # fmt: skip
-        correct = accuracy_scores(texts, dataset["solution"], accuracy_reward)
-        return {"accuracy": sum(correct) / len(correct), "n": len(correct)}
-
-
 def run_one(spec: dict) -> dict:
     """One async run from the seed's warm start to the token budget; writes and returns its record."""
     import shutil
@@ -128,6 +100,7 @@ def run_one(spec: dict) -> dict:
     from respo_trl.async_config import AsyncReSPOConfig
     from respo_trl.async_rollouts import InProcessRollouts
     from respo_trl.async_trainer import AsyncReSPOTrainer
+    from respo_trl.recipe.async_train import HeldoutCopy
 
     output_dir = os.path.join(spec["scratch"], spec["name"])
     shutil.rmtree(output_dir, ignore_errors=True)
@@ -135,7 +108,12 @@ def run_one(spec: dict) -> dict:
     train, heldout = recipe.build_datasets(script_args)
     heldout = heldout.select(range(min(spec["heldout"], len(heldout))))
     tokenizer = AutoTokenizer.from_pretrained(spec["warm_path"])
-    probe = HeldoutProbe(spec["warm_path"], tokenizer, heldout, spec["curve"], spec["train"]["max_completion_length"])
+    probe = HeldoutCopy(spec["warm_path"], tokenizer, spec["train"]["max_completion_length"])
+    curve_set = heldout.select(range(min(spec["curve"], len(heldout))))
+
+    def measure(dataset, weights=None) -> dict:
+        return {"accuracy": probe.accuracy(dataset, weights), "n": len(dataset)}
+
     args = AsyncReSPOConfig(
         output_dir=output_dir, loss_type=spec["loss"], max_staleness=spec["bound"], learning_rate=spec["lr"],
         seed=spec["seed"], max_steps=100_000, token_budget=0, use_cpu=True, bf16=False, report_to="none",
@@ -152,22 +130,22 @@ def run_one(spec: dict) -> dict:
 
         def on_step_end(self, _args, state, control, **_kwargs):
             if worker.generated_tokens >= (len(curve)) * every:
-                point = probe.measure(trainer, probe.curve_set)
+                point = measure(curve_set, trainer.model.state_dict())
                 curve.append({"step": state.global_step, "generated_tokens": worker.generated_tokens, **point})
             if worker.generated_tokens >= spec["budget"]:
                 control.should_training_stop = True
 
     start, commit, started_at = time.time(), code_commit(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
     with open(spec["log"], "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        before = probe.measure(None)
-        curve.append({"step": 0, "generated_tokens": 0, **probe.measure(None, probe.curve_set)})
+        before = measure(heldout)
+        curve.append({"step": 0, "generated_tokens": 0, **measure(curve_set)})
         trainer = AsyncReSPOTrainer(spec["warm_path"], accuracy_reward, args, train_dataset=train,
                                     processing_class=tokenizer, rollout_worker=worker, weight_transfer=worker,
                                     callbacks=[Budget()])  # fmt: skip
         train_start = time.time()
         trainer.train()
         train_s = time.time() - train_start
-        after = probe.measure(trainer)
+        after = measure(heldout, trainer.model.state_dict())
     history = [h for h in trainer.state.log_history if "loss" in h]
     shutil.rmtree(output_dir, ignore_errors=True)
     peak, fall, fall_at = largest_fall(curve)

@@ -100,24 +100,34 @@ def hub_data(script_args):
     return data, None
 
 
-def heldout_accuracy(model_path: str, weights, tokenizer, heldout, max_new_tokens: int) -> float:
-    """Greedy accuracy of ``weights`` on ``heldout`` with a standard-attention copy of the model (the trainer's model
-    runs TRL's tree attention, which only packed rows can use)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-    from trl.rewards import accuracy_reward
+class HeldoutCopy:
+    """Greedy held-out accuracy of a trainer's current weights, measured on a standard-attention copy of the model
+    loaded once from ``model_path`` (the trainer's model runs TRL's tree attention, which only packed rows can use).
+    The async recipe and ``benchmarks.async_staleness`` both measure through it."""
 
-    from respo_trl.grading import accuracy_scores
+    def __init__(self, model_path: str, tokenizer, max_new_tokens: int):
+        from transformers import AutoModelForCausalLM
 
-    from .generation import generate
+        self.model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+        self.tokenizer, self.max_new_tokens = tokenizer, max_new_tokens
 
-    model = AutoModelForCausalLM.from_pretrained(model_path).eval()
-    if weights is not None:
-        model.load_state_dict(weights, strict=False)
-    with torch.no_grad():
-        texts, _ = generate(model, tokenizer, heldout["prompt"], max_new_tokens=max_new_tokens, batch_size=128)
-    correct = accuracy_scores(texts, heldout["solution"], accuracy_reward)
-    return sum(correct) / max(len(correct), 1)
+    def accuracy(self, dataset, weights=None) -> float:
+        """Share of ``dataset``'s problems answered right, greedy, by ``weights`` (a state dict; None: as loaded or
+        as last set)."""
+        import torch
+        from trl.rewards import accuracy_reward
+
+        from respo_trl.grading import accuracy_scores
+
+        from .generation import generate
+
+        if weights is not None:
+            self.model.load_state_dict(weights, strict=False)
+        with torch.no_grad():
+            texts, _ = generate(self.model, self.tokenizer, dataset["prompt"], max_new_tokens=self.max_new_tokens,
+                                batch_size=128)  # fmt: skip
+        correct = accuracy_scores(texts, dataset["solution"], accuracy_reward)
+        return sum(correct) / max(len(correct), 1)
 
 
 def main(script_args, training_args) -> dict:
@@ -149,12 +159,12 @@ def main(script_args, training_args) -> dict:
                                    temperature=training_args.temperature, lag_probabilities=lags,
                                    seed=training_args.seed, groups_per_call=2)  # fmt: skip
     measure = heldout is not None
-    max_tokens = training_args.max_completion_length
-    before = heldout_accuracy(model_path, None, tokenizer, heldout, max_tokens) if measure else None
+    probe = HeldoutCopy(model_path, tokenizer, training_args.max_completion_length) if measure else None
+    before = probe.accuracy(heldout) if measure else None
     trainer = AsyncReSPOTrainer(model_path, accuracy_reward, training_args, train_dataset=train,
                                 processing_class=tokenizer, rollout_worker=worker, weight_transfer=worker)  # fmt: skip
     trainer.train()
-    after = heldout_accuracy(model_path, trainer.model.state_dict(), tokenizer, heldout, max_tokens) if measure else None
+    after = probe.accuracy(heldout, trainer.model.state_dict()) if measure else None
     trainer.save_model(training_args.output_dir)
     history = [h for h in trainer.state.log_history if "loss" in h]
     report = {
