@@ -84,7 +84,7 @@ import torch
 
 from benchmarks import starvation_sim as sim
 from benchmarks.common import command, machine_info
-from respo_trl.kernels import POLICY_LOSSES, LossParams, register_policy_loss, respo_coefficients
+from respo_trl.kernels import POLICY_LOSSES, LossParams, register_policy_loss, respo_weights
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -92,8 +92,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def respo_symmetric_mask_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None):
     """Lab-only: ReSPO's coefficient with a *symmetric* token mask, zero wherever ``r_it`` leaves
     ``[1 - epsilon_low, 1 + epsilon_high]`` whatever the sign of ``A`` (the variant the directional mask replaced)."""
-    coef = respo_coefficients(log_ratio, advantages, mask, dataclasses.replace(params, respo_trust_mask=False),
-                              sampler_ratio=sampler_ratio)
+    coef = respo_weights(log_ratio, advantages, mask, dataclasses.replace(params, respo_trust_mask=False),
+                         sampler_ratio=sampler_ratio).coefficients
     r = torch.exp(log_ratio.detach())
     keep = ((r >= 1 - params.epsilon_low) & (r <= 1 + params.epsilon_high)).to(coef.dtype)
     a = advantages.reshape(-1, 1) if advantages.dim() == 1 else advantages

@@ -14,6 +14,7 @@ import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
+from pathlib import Path
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The machine: timings mean little without the machine, threads and load
@@ -134,28 +135,70 @@ def code_commit() -> str:
     return sha + ("-dirty" if git("status", "--porcelain", "--untracked-files=no", "--", "respo_trl", "benchmarks") else "")
 
 
-def load_run(path) -> dict:
-    """One run's record as every reader expects it: a history stored as columns (:func:`compact_history`) comes back
-    as one dict per logged step; a record written before histories were compact (rows) comes back as it is. Readers
-    go through here, never ``json.loads``, so that both forms read alike."""
-    import json
-    from pathlib import Path
+# A run's record is named ``<name>.json`` and stored gzip-compressed as ``<name>.json.gz`` (:func:`save_run`): the
+# records are most of docs/benchmarks, and compressed they take a fifth of the room. Records written before 0.8 are
+# plain ``<name>.json`` until ``python -m benchmarks.compact_records`` converts them; both read alike.
+RECORD_GZ = ".gz"
+ANSWERS_SUFFIX = ".answers.json.gz"  # a run's graded answers beside its record (reuse_lm): not a record
 
-    run = json.loads(Path(path).read_text())
+
+def stored_record(path) -> Path:
+    """Where the record named ``path`` (``<name>.json``) is stored: ``<name>.json.gz``."""
+    path = Path(path)
+    return path if path.name.endswith(RECORD_GZ) else path.with_name(path.name + RECORD_GZ)
+
+
+def read_record_text(path) -> str:
+    """The JSON text of the record named ``path``: its compressed file, else a plain ``.json`` written before 0.8."""
+    import gzip
+
+    stored = stored_record(path)
+    if stored.exists():
+        return gzip.decompress(stored.read_bytes()).decode()
+    return Path(str(path).removesuffix(RECORD_GZ)).read_text()
+
+
+def write_record_text(path, text: str) -> Path:
+    """Store a record's JSON ``text`` compressed at :func:`stored_record` of ``path`` (the same bytes for the same text:
+    no time stamp in the gzip header), atomically, and remove a plain ``.json`` of the same name."""
+    import gzip
+
+    stored = stored_record(path)
+    tmp = stored.with_name(stored.name + ".tmp")
+    tmp.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
+    tmp.replace(stored)
+    Path(str(stored).removesuffix(RECORD_GZ)).unlink(missing_ok=True)
+    return stored
+
+
+def load_run(path) -> dict:
+    """One run's record as every reader expects it, from its name (``<name>.json``) or its file: a history stored as
+    columns (:func:`compact_history`) comes back as one dict per logged step; a record written before histories were
+    compact (rows) comes back as it is. Readers go through here, never ``json.loads``, so that every form reads
+    alike."""
+    import json
+
+    run = json.loads(read_record_text(path))
     if isinstance(run.get("history"), dict):
         run["history"] = history_rows(run["history"])
     return run
 
 
-def load_runs(folder) -> dict[str, dict]:
-    """The finished runs' records in ``folder`` (``<name>.json``, :func:`load_run`), by run name, sorted (the
-    summaries' order does not depend on the disk); empty when the folder does not exist."""
-    from pathlib import Path
-
+def record_names(folder) -> dict[str, Path]:
+    """The records in ``folder`` by run name, compressed or (written before 0.8) plain, sorted by name."""
     folder = Path(folder)
     if not folder.exists():
         return {}
-    return {p.stem: load_run(p) for p in sorted(folder.glob("*.json"))}
+    found = {p.name.removesuffix(".json"): p for p in folder.glob("*.json")}
+    found.update({p.name.removesuffix(".json" + RECORD_GZ): p for p in folder.glob("*.json" + RECORD_GZ)
+                  if not p.name.endswith(ANSWERS_SUFFIX)})  # fmt: skip
+    return dict(sorted(found.items()))
+
+
+def load_runs(folder) -> dict[str, dict]:
+    """The finished runs' records in ``folder`` (:func:`load_run`), by run name, sorted (the summaries' order does
+    not depend on the disk); empty when the folder does not exist."""
+    return {name: load_run(path) for name, path in record_names(folder).items()}
 
 
 def record_json(record: dict) -> str:
@@ -166,12 +209,11 @@ def record_json(record: dict) -> str:
 
 
 def save_run(path, record: dict) -> dict:
-    """Writes a run's ``record`` (its history already :func:`compact_history`) as :func:`record_json` and returns it
-    as :func:`load_run` reads it back: a run just finished and the same run loaded later look alike to every reader
-    (the same keys, the same rounded values)."""
-    from pathlib import Path
-
-    Path(path).write_text(record_json(record))
+    """Writes a run's ``record`` (its history already :func:`compact_history`) as :func:`record_json`, compressed
+    (:func:`write_record_text`; ``path`` names it ``<name>.json``), and returns it as :func:`load_run` reads it back:
+    a run just finished and the same run loaded later look alike to every reader (the same keys, the same rounded
+    values)."""
+    write_record_text(path, record_json(record))
     if isinstance(record.get("history"), dict):
         return {**record, "history": history_rows(record["history"])}
     return record

@@ -34,7 +34,7 @@ import traceback
 
 import torch
 
-from respo_trl.kernels import LossParams, respo_coefficients, vespo_phi
+from respo_trl.kernels import LossParams, respo_weights, vespo_phi
 
 QWEN3 = {  # published configs (hidden, layers, heads, kv heads, intermediate, tied embeddings)
     "Qwen3-0.6B": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, intermediate_size=3072, tie_word_embeddings=True),
@@ -71,7 +71,7 @@ def dapo_loss(logps, old, adv, mask, num_items):
 
 
 def respo_loss(logps, old, adv, mask, num_items):
-    coef = respo_coefficients(logps - old, adv, mask, PARAMS)  # (B, T), what trl_loss.respo_grpo_loss applies
+    coef = respo_weights(logps - old, adv, mask, PARAMS).coefficients  # (B, T), what trl_loss.respo_grpo_loss applies
     return (-coef * adv * logps * mask).sum() / num_items
 
 

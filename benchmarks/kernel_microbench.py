@@ -13,7 +13,7 @@ The policy-loss part of one training step, on synthetic per-token log-probs (bat
 * ``vespo`` TRL's own ``GRPOTrainer.get_gamma_weights`` (a staticmethod, called as TRL calls it), then
   ``-phi * A * logp`` and the same aggregation.
 * ``respo`` the path ``ReSPOTrainer`` runs: TRL's vespo-branch aggregation with the coefficient from
-  :func:`respo_trl.kernels.respo_coefficients` (what :func:`respo_trl.trl_loss.respo_grpo_loss` applies; the paper's constants
+  :func:`respo_trl.kernels.respo_weights` (what :func:`respo_trl.trl_loss.respo_grpo_loss` applies; the paper's constants
   ``(2, 0.5, 2)`` / ``(1, 0.5, 2)``, raw sequence ratio, no token mask: each sample used once), then
   ``-c * A * logp`` and the same aggregation.
 * ``respo_mask`` the same with the directional token trust mask (``respo_trust_mask``: on by default when samples are
@@ -59,7 +59,7 @@ import torch
 
 from benchmarks.common import code_commit, machine_info
 from respo_trl.diagnostics import sequence_stats
-from respo_trl.kernels import LossParams, respo_coefficients
+from respo_trl.kernels import LossParams, respo_weights
 from respo_trl.packed import packed_policy_loss
 
 EPSILON = 0.2  # TRL's default epsilon (= epsilon_high when unset)
@@ -141,9 +141,9 @@ def vespo_loss(x: dict) -> torch.Tensor:
 
 
 def _respo(x: dict, params: LossParams) -> torch.Tensor:
-    # What ReSPOTrainer runs (trl_loss.respo_grpo_loss): TRL's vespo-branch aggregation, coefficient respo_coefficients
+    # What ReSPOTrainer runs (trl_loss.respo_grpo_loss): TRL's vespo-branch aggregation, coefficient respo_weights
     log_ratio = x["logp"] - x["old"]
-    coef = respo_coefficients(log_ratio, x["advantages"], x["mask"], params)
+    coef = respo_weights(log_ratio, x["advantages"], x["mask"], params).coefficients
     per_token_loss = -coef * x["advantages"] * x["logp"]
     return (per_token_loss * x["mask"]).sum() / x["num_items"].clamp(min=1.0)
 

@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import (
+    ANSWERS_SUFFIX,
     LOSS_ARGS,
     REUSE_LM_KEYS,
     code_commit,
@@ -171,7 +172,7 @@ def run_arm(spec: dict) -> dict:
     }
     if answers:  # step -> [[completion, right, tokens], ...] on the curve's problems (the held-out set's first ones)
         size = min(len(rows) for rows in answers.values())
-        with gzip.open(Path(spec["runs_dir"], spec["name"] + ".answers.json.gz"), "wt") as f:
+        with gzip.open(Path(spec["runs_dir"], spec["name"] + ANSWERS_SUFFIX), "wt") as f:
             json.dump({str(step): rows[:size] for step, rows in sorted(answers.items())}, f)
     return save_run(Path(spec["runs_dir"], spec["name"] + ".json"), result)
 
@@ -624,9 +625,9 @@ def write_safety(folders: list[str], out: Path, argv) -> dict:
     settings = safety(results)
     problems = heldout_problems([], 200)
     for d in folders:  # answer forms of each arm at its peak point and at its last curve point (200 problems)
-        for f in sorted(Path(d, "arms").glob("*.answers.json.gz")):
+        for f in sorted(Path(d, "arms").glob("*" + ANSWERS_SUFFIX)):
             answers = json.loads(gzip.open(f, "rt").read())
-            run = load_run(str(f).replace(".answers.json.gz", ".json"))
+            run = load_run(str(f).replace(ANSWERS_SUFFIX, ".json"))
             steps = [int(k) for k in answers]
             peak_step = max((p for p in run["curve"] if p["step"] in steps), key=lambda p: p["accuracy"])["step"]
             forms = {"peak": {"step": peak_step, **answer_forms(problems, answers[str(peak_step)])},

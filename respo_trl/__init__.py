@@ -15,7 +15,7 @@ _LAZY = {
     "AsyncReSPOTrainer": "respo_trl.async_trainer",
     "RolloutBuffer": "respo_trl.buffer",
     "respo_kernel": "respo_trl.kernels",
-    "respo_coefficients": "respo_trl.kernels",
+    "respo_weights": "respo_trl.kernels",
     "sequence_log_weight": "respo_trl.kernels",
 }
 
@@ -25,4 +25,6 @@ __all__ = [*_LAZY, "__version__"]
 def __getattr__(name):
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
+    if name == "respo_coefficients":  # removed in 0.8: refused in one line naming what replaces it
+        return getattr(import_module("respo_trl.kernels"), name)
     raise AttributeError(f"module 'respo_trl' has no attribute {name!r}")

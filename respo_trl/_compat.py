@@ -5,7 +5,8 @@ Why keep old names at all: a config, preset or command line written for an earli
 "unexpected keyword argument" or "unknown option" and leave the user to guess what changed. Each name here is refused
 in one line that says what to set instead (:func:`refuse_renamed`), wherever it can arrive: ``ReSPOConfig(...)`` and
 ``ReSPOConfig.from_grpo_config`` (:data:`RENAMED_OPTIONS`), the recipe's command line and config files (the same
-table), ``--preset`` (:data:`RENAMED_PRESETS`) and verl's ``policy_loss`` config (:data:`RENAMED_VERL_KEYS`).
+table), ``--preset`` (:data:`RENAMED_PRESETS`), verl's ``policy_loss`` config (:data:`RENAMED_VERL_KEYS`) and the
+kernel's Python names (:data:`REMOVED_NAMES`).
 
 Nothing is deprecated-but-working in this release: a name that is deprecated again gets its warning and the release
 that removes it here, next to the names already removed. What each release changed is CHANGELOG.md's.
@@ -41,6 +42,12 @@ RENAMED_PRESETS = {
        for size in ("0.6b", "1.7b", "4b", "8b", "14b", "30b-a3b")},
     "tiny_cpu": Renamed("tiny-cpu", "0.3", "every preset name uses dashes"),
 }  # fmt: skip
+# Python names of respo_trl.kernels (and the package's top level).
+REMOVED_NAMES = {
+    "respo_coefficients": Renamed(
+        "respo_weights", "0.8", "every engine's one coefficient function; its .coefficients is what respo_coefficients returned"
+    ),
+}
 # Keys of verl's actor_rollout_ref.actor.policy_loss (respo_trl.integrations.verl): ReSPOConfig's names in TRL and verl.
 RENAMED_VERL_KEYS = {
     "respo_lam_pos": Renamed("respo_lambda_pos", "0.7", "ReSPOConfig's name, one spelling in TRL and verl"),

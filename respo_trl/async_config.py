@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from trl import GRPOConfig
 
 from .config import LOSS_TYPES, ReSPOConfig
-from .kernels import CONSTANT_KEYS, check_constant
+from .kernels import CONSTANT_KEYS, check_constant, with_respo_constants
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # respo_trl names the experimental trainer it builds on itself
 from trl.experimental.async_grpo import AsyncGRPOConfig  # noqa: E402
@@ -30,6 +30,7 @@ def _same_as(config_cls, name: str):
 
 
 @dataclass
+@with_respo_constants  # respo_alpha_pos ... respo_lambda_neg, declared once (respo_trl.kernels.RESPO_CONSTANTS)
 class AsyncReSPOConfig(AsyncGRPOConfig):
     """``AsyncGRPOConfig`` for :class:`~respo_trl.async_trainer.AsyncReSPOTrainer`.
 
@@ -50,12 +51,6 @@ class AsyncReSPOConfig(AsyncGRPOConfig):
             "choices": list(ASYNC_LOSSES),
         },
     )
-    respo_alpha_pos: float = _same_as(ReSPOConfig, "respo_alpha_pos")
-    respo_beta_pos: float = _same_as(ReSPOConfig, "respo_beta_pos")
-    respo_lambda_pos: float = _same_as(ReSPOConfig, "respo_lambda_pos")
-    respo_alpha_neg: float = _same_as(ReSPOConfig, "respo_alpha_neg")
-    respo_beta_neg: float = _same_as(ReSPOConfig, "respo_beta_neg")
-    respo_lambda_neg: float = _same_as(ReSPOConfig, "respo_lambda_neg")
     vespo_k_pos: float = _same_as(GRPOConfig, "vespo_k_pos")
     vespo_lambda_pos: float = _same_as(GRPOConfig, "vespo_lambda_pos")
     vespo_k_neg: float = _same_as(GRPOConfig, "vespo_k_neg")

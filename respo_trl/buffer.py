@@ -7,13 +7,16 @@ reproducible across a checkpoint/resume without saving any RNG state. With ``gro
 micro-batch) the permutation moves groups of ``group_size`` contiguous rows, in every pass including the first: a
 micro-batch is then a whole number of groups, each of a group's rows at the same staleness.
 
-Every rollout carries ``rollout_step``, the optimizer step (policy version) it was sampled at; the trainer derives
-staleness from it. The buffer also counts the completion tokens ever sampled (the sampling compute) and the early
-refreshes.
+Every rollout carries ``rollout_step``, the optimizer step (policy version) it was sampled at, and every served
+micro-batch its rows' staleness at the step that serves it. The buffer counts the micro-batches it serves (so it knows
+which one starts an optimizer step), the completion tokens ever sampled (the sampling compute) and the early
+refreshes, and reports them as metrics (:meth:`RolloutBuffer.reuse_metrics`, :meth:`RolloutBuffer.step_summary`).
 
 The state is saved as ``rollout_buffer-rank{r}.safetensors`` (tensors) + ``.json`` (everything else): no pickle.
 Each file is written to a temporary name and renamed into place, so a kill mid-save never leaves a half-written file
-under the real name. :func:`respo_trl.checkpoints.checkpoint_status` tells a complete trainer checkpoint from an interrupted one.
+under the real name. :func:`respo_trl.checkpoints.checkpoint_status` tells a complete trainer checkpoint from an
+interrupted one; :meth:`RolloutBuffer.restore` is the resume policy (a checkpoint without buffer files starts a new
+cycle, as TRL's own resume does).
 """
 
 from __future__ import annotations
@@ -21,11 +24,14 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+
+if TYPE_CHECKING:
+    from .diagnostics import DriftSignals
 
 Batch = dict[str, Any]
 
@@ -35,6 +41,7 @@ VERSION_KEY = "rollout_step"  # (B,) int64: optimizer step at which each rollout
 # log W it had on its first pass (NaN until then), which ReSPO keeps on its later passes (respo_epoch_weight).
 ROW_KEY = "respo_row"
 FIRST_LOG_W_KEY = "respo_first_log_w"
+STALENESS_KEY = "respo_staleness"  # (B,) int64, served only: optimizer steps since each row was sampled
 
 
 # Everything that decides which rows a resumed batch serves, and the setting each comes from: a mismatch would serve
@@ -140,8 +147,12 @@ class Served:
     batch: Batch
     generation: int  # which stored batch it comes from (RolloutBuffer.generation_index)
     pass_index: int  # that batch's own pass over its rollouts (0: fresh)
-    signals: dict[str, float] | None  # the drift measured before it ({"kl", "ess"}); None: nothing was checked
+    signals: DriftSignals | None  # the drift measured before it; None: nothing was checked
     sampled: str | None  # why a batch was sampled for it: "cycle", "refresh" (ESS floor) or "stop" (adaptive)
+
+    def metrics(self) -> dict[str, float]:
+        """``reuse/*_before_pass``: the drift the schedule measured before serving it (none when it checked nothing)."""
+        return {} if self.signals is None else self.signals.metrics()
 
 
 class RolloutBuffer:
@@ -203,7 +214,9 @@ class RolloutBuffer:
         # is the cycle's pass minus this.
         self.first_pass = 0
         self.step_passes: list[tuple[int, int]] = []  # (generation, pass) of each micro-batch of the optimizer step
+        self.served = 0  # training micro-batches served so far: every ``accumulation``-th starts an optimizer step
         self._tokens_at_step_start = 0
+        self._step_tokens: int | None = None  # tokens sampled for the current optimizer step, until reported
         self._fresh_grad_norm: tuple[int, float] | None = None  # (generation, grad_norm of its fresh pass)
         self._permutation: tuple[int, torch.Tensor] | None = None
 
@@ -225,7 +238,15 @@ class RolloutBuffer:
             threshold=args.respo_adaptive_threshold_active,
         )
 
-    def samples_next(self, measure: Callable[[Batch], dict[str, float] | None]) -> bool:
+    def prompt_repeat_count(self) -> int | None:
+        """How many consecutive micro-batches TRL's prompt sampler should repeat each generation batch's prompts for,
+        or None for TRL's own count (all ``num_iterations`` passes). Under adaptive reuse a batch the drift check
+        stops is followed by a fresh one, which should see new prompts (as PPO's early stop is followed by new
+        episodes), not the same ones again: the prompts move on after every pass, and those of the passes a batch
+        does serve are simply not sampled."""
+        return self.steps_per_generation if self.adaptive is not None else None
+
+    def samples_next(self, measure: Callable[[Batch], DriftSignals | None]) -> bool:
         """Whether the next micro-batch will sample a fresh batch: a cycle ended (or nothing is stored), or the drift
         check before it stops or refreshes the stored batch (``measure`` as for :meth:`next_micro_batch`, on the policy
         that will serve it; the check is made again, with the same result, when the micro-batch is served)."""
@@ -245,14 +266,14 @@ class RolloutBuffer:
         self,
         step: int,
         sample: Callable[[], Batch],
-        measure: Callable[[Batch], dict[str, float] | None],
+        measure: Callable[[Batch], DriftSignals | None],
         device: torch.device | str | None = None,
-        new_step: bool = True,
     ) -> Served:
         """The next micro-batch of the schedule, at optimizer step ``step`` (the policy version of what is sampled
-        now). ``sample()`` returns a fresh generation batch (this process's slice); ``measure(rows)`` returns the
-        drift ``{"kl", "ess"}`` of the current policy from the sampling one on ``rows`` (the same on every process),
-        or None when it cannot be measured. ``new_step``: this micro-batch is the first of an optimizer step."""
+        now), with its rows' staleness (:data:`STALENESS_KEY`). ``sample()`` returns a fresh generation batch (this
+        process's slice); ``measure(rows)`` returns the drift of the current policy from the sampling one on
+        ``rows`` (the same on every process), or None when it cannot be measured."""
+        new_step = self.served % self.accumulation == 0
         if new_step:
             self.step_passes = []
         cycle_pass, micro = divmod(self.position, self.steps_per_generation)
@@ -278,7 +299,14 @@ class RolloutBuffer:
         pass_index = cycle_pass - self.first_pass
         self.step_passes.append((self.generation_index, pass_index))
         batch = self.micro_batch(pass_index, micro, device)
+        batch[STALENESS_KEY] = self.staleness(batch, step)
         self.position = (self.position + 1) % self.cycle_length
+        self.served += 1
+        if new_step:  # the sampling cost of this optimizer step, reported with its first micro-batch
+            self._step_tokens = self.generated_tokens - self._tokens_at_step_start
+            self._tokens_at_step_start = self.generated_tokens
+        else:
+            self._step_tokens = None
         return Served(batch, self.generation_index, pass_index, signals, sampled)
 
     def _rows_to_check(self, cycle_pass: int, micro: int) -> Batch | None:
@@ -295,24 +323,32 @@ class RolloutBuffer:
         rows = [self.micro_batch(pass_index, micro + i) for i in range(self.accumulation)]
         return {key: _concat([row[key] for row in rows]) for key in rows[0]}
 
-    def _decision(self, signals: dict[str, float] | None) -> str | None:
+    def _decision(self, signals: DriftSignals | None) -> str | None:
         """``"stop"``, ``"refresh"`` or None for the measured drift (a NaN signal decides nothing)."""
         if signals is None:
             return None
-        if self.adaptive == "kl" and signals["kl"] > self.threshold:
+        if self.adaptive == "kl" and signals.kl > self.threshold:
             return "stop"
-        if self.adaptive == "ess" and signals["policy_ess"] < self.threshold:  # the policy's drift alone
+        if self.adaptive == "ess" and signals.policy_ess < self.threshold:  # the policy's drift alone
             return "stop"
-        if self.min_ess is not None and signals["ess"] < self.min_ess:
+        if self.min_ess is not None and signals.ess < self.min_ess:
             return "refresh"
         return None
 
-    def tokens_since_last_step(self) -> int:
-        """Completion tokens sampled since the previous call (called once per optimizer step, after its first
-        micro-batch was served: the sampling cost of that step)."""
-        tokens = self.generated_tokens - self._tokens_at_step_start
-        self._tokens_at_step_start = self.generated_tokens
-        return tokens
+    def step_summary(self, grad_norm: float) -> dict[str, float]:
+        """What an optimizer step's log adds (empty before any training micro-batch): ``reuse/pass``, which pass over
+        its batch the step was (the mean when one step spans several passes, as with ``steps_per_generation <
+        gradient_accumulation_steps``) and, for a step inside one reuse pass, ``reuse/grad_norm_vs_fresh``, its
+        ``grad_norm`` relative to that same batch's fresh pass. Under reuse the failure to watch is a loss that keeps
+        taking full steps on stale rollouts: the clipped loss's gradient norm falls several-fold on reuse passes, a
+        sequence kernel's need not (docs/method.md, section 6)."""
+        if not self.step_passes:
+            return {}
+        summary = {"reuse/pass": sum(p + 1 for _, p in self.step_passes) / len(self.step_passes)}
+        ratio = self.grad_norm_vs_fresh(grad_norm)
+        if ratio is not None:
+            summary["reuse/grad_norm_vs_fresh"] = ratio
+        return summary
 
     def grad_norm_vs_fresh(self, grad_norm: float) -> float | None:
         """For an optimizer step inside one pass over one batch: its ``grad_norm`` over that batch's fresh pass (the
@@ -328,15 +364,24 @@ class RolloutBuffer:
             return grad_norm / self._fresh_grad_norm[1]
         return None
 
-    def reuse_metrics(self, staleness: torch.Tensor, first_of_step: bool) -> dict[str, float]:
-        """``reuse/*`` of one training micro-batch from its rows' staleness (over all processes); the tokens sampled
-        for an optimizer step are reported on its first micro-batch."""
+    def reuse_metrics(self, staleness: torch.Tensor) -> dict[str, float]:
+        """``reuse/*`` of the micro-batch served last, from its rows' staleness (over all processes); the tokens
+        sampled for an optimizer step are reported on its first micro-batch."""
         metrics = {"reuse/staleness_mean": staleness.mean().item(), "reuse/staleness_max": staleness.max().item()}
-        if first_of_step:
-            metrics["reuse/generated_tokens_per_step"] = float(self.tokens_since_last_step())
+        if self._step_tokens is not None:
+            metrics["reuse/generated_tokens_per_step"] = float(self._step_tokens)
         metrics["reuse/generated_tokens"] = float(self.generated_tokens)
         metrics["reuse/refreshes"] = float(self.refreshes)
         return metrics
+
+    def finish_micro_batch(self, served: Batch, log_w: torch.Tensor | None, staleness: torch.Tensor) -> dict[str, float]:
+        """After the loss of the training micro-batch ``served`` (as :meth:`next_micro_batch` served it): keep the
+        ``log W`` the loss applied (None: a loss without ReSPO's weights) as the first-pass weight of its rows on their
+        first pass (``respo_epoch_weight="first_pass"``), and return its :meth:`reuse_metrics`."""
+        kept = served.get(FIRST_LOG_W_KEY)
+        if log_w is not None and kept is not None and torch.isnan(kept).any():
+            self.remember_first_weight(served[ROW_KEY], log_w)
+        return self.reuse_metrics(staleness)
 
     def count_generated(self, tokens: int) -> None:
         """Add completion tokens sampled (summed over processes): the sampling cost reuse saves."""
@@ -346,8 +391,26 @@ class RolloutBuffer:
         """A resume from a checkpoint without a buffer (written by plain ``GRPOTrainer``) after ``micro_steps``
         micro-batches: nothing is stored, so the next micro-batch starts a new cycle, as TRL's own resume does.
         Returns how many micro-batches of the interrupted cycle that loses (0 at a cycle's end)."""
-        self.batch, self.position, self._permutation = None, 0, None
+        self.batch, self.position, self._permutation, self.served = None, 0, None, 0
         return (self.cycle_length - micro_steps % self.cycle_length) % self.cycle_length
+
+    def restore(self, checkpoint_dir: str, rank: int, device, micro_steps: int, logger) -> int:
+        """The resume policy: this process's buffer from ``checkpoint_dir`` (:meth:`load`) or, for a checkpoint
+        written by plain ``GRPOTrainer`` (no buffer files), a new cycle as TRL's own resume starts one, with a warning
+        (``logger``) when that loses the rest of an interrupted batch. ``micro_steps``: micro-batches trained before
+        the checkpoint. Returns TRL's micro-step counter (``_step``) to resume with."""
+        if has_buffer_files(checkpoint_dir):
+            return self.load(checkpoint_dir, rank, device=device)["step"]
+        lost = self.resume_without_files(micro_steps)
+        if lost:
+            logger.warning(
+                f"{checkpoint_dir} has no rollout buffer (written by plain GRPOTrainer?) and ends mid-cycle: the {lost} "
+                "remaining micro-batches of its rollout batch are replaced by fresh rollouts, as TRL's resume does. "
+                "The sampled-token counter restarts at 0."
+            )
+        else:
+            logger.info(f"{checkpoint_dir} has no rollout buffer; it ends a generation cycle, so nothing is lost.")
+        return 0
 
     # -- storing and serving ---------------------------------------------------------------------------------------
 
@@ -461,6 +524,7 @@ class RolloutBuffer:
             "first_pass": self.first_pass,
             "position": self.position,
             "tokens_at_step_start": self._tokens_at_step_start,
+            "served": self.served,
             "track_first_weight": self.track_first_weight,
             "tensor_keys": sorted(tensors),
             "values": values,
@@ -524,6 +588,7 @@ class RolloutBuffer:
         # counter (``extra["step"]``) modulo the cycle's length
         self.position = meta.get("position", extra.get("step", 0) % self.cycle_length)
         self._tokens_at_step_start = meta.get("tokens_at_step_start", extra.get("tokens_at_step_start", 0))
+        self.served = meta.get("served", extra.get("step", 0))  # files that do not say: the trainer's micro-step counter
         if meta["has_batch"]:
             target = self.storage_device if self.storage_device is not None else device
             self.batch = {key: _to(value, target) for key, value in tensors.items()}

@@ -86,3 +86,17 @@ def latest_complete_checkpoint(output_dir: str, num_processes: int, warn) -> str
     if path is None:
         raise ValueError(f"No valid checkpoint found in output directory ({output_dir})")
     return path
+
+
+def resume_target(resume_from_checkpoint, output_dir: str, num_processes: int, max_steps: int, warn):
+    """What ``Trainer.train(resume_from_checkpoint=...)`` should resume from, complete checkpoints only: for ``True``
+    the latest complete one (interrupted saves skipped with a warning); an explicit incomplete path, or one already
+    at ``max_steps`` (transformers would train one update past it), is an error (one line). Anything else passes
+    through unchanged."""
+    if resume_from_checkpoint is True:
+        resume_from_checkpoint = latest_complete_checkpoint(output_dir, num_processes, warn)
+    if isinstance(resume_from_checkpoint, str) and os.path.isdir(resume_from_checkpoint):
+        problem = checkpoint_status(resume_from_checkpoint, num_processes) or finished_at(resume_from_checkpoint, max_steps)
+        if problem:
+            raise ValueError(f"cannot resume from {resume_from_checkpoint}: {problem}")
+    return resume_from_checkpoint

@@ -17,7 +17,7 @@ from trl import GRPOConfig
 
 from ._compat import RENAMED_OPTIONS, refuse_renamed
 from .batching import steps_from_updates
-from .kernels import BRANCH_KINDS, CONSTANT_KEYS, RESPO_DEFAULTS, TRL_LOSS_TYPES, check_constant
+from .kernels import BRANCH_KINDS, CONSTANT_KEYS, RESPO_DEFAULTS, TRL_LOSS_TYPES, check_constant, with_respo_constants
 from .routing_replay import config_problems
 
 TRUST_MASK_MODES = ("auto", "directional", "none")
@@ -49,6 +49,7 @@ def _positive_int(name: str, value) -> int:
 
 
 @dataclass
+@with_respo_constants  # respo_alpha_pos ... respo_lambda_neg, declared once (respo_trl.kernels.RESPO_CONSTANTS)
 class ReSPOConfig(GRPOConfig):
     r"""
     Configuration for [`ReSPOTrainer`]: every [`~trl.GRPOConfig`] field, with ``loss_type="respo"`` as default, plus
@@ -167,30 +168,6 @@ class ReSPOConfig(GRPOConfig):
             "help": "Policy loss. 'respo' (default) is ReSPO's two-branch sequence kernel; every TRL loss type "
             "('dapo', 'grpo', 'bnpo', 'dr_grpo', 'cispo', 'sapo', 'luspo', 'vespo') runs exactly as in TRL."
         },
-    )
-    respo_alpha_pos: float = field(
-        default=RESPO_DEFAULTS["alpha_pos"],
-        metadata={"help": "Power-mean order alpha (> 0) of the positive-advantage branch (paper: 2)."},
-    )
-    respo_beta_pos: float = field(
-        default=RESPO_DEFAULTS["beta_pos"],
-        metadata={"help": "Power-mean weight beta in [0, 1] of the positive-advantage branch (paper: 0.5)."},
-    )
-    respo_lambda_pos: float = field(
-        default=RESPO_DEFAULTS["lam_pos"],
-        metadata={"help": "Variance-control tilt lambda (>= 0) of the positive-advantage branch (paper: 2)."},
-    )
-    respo_alpha_neg: float = field(
-        default=RESPO_DEFAULTS["alpha_neg"],
-        metadata={"help": "Power-mean order alpha (> 0) of the negative-advantage branch (paper: 1, i.e. W^beta)."},
-    )
-    respo_beta_neg: float = field(
-        default=RESPO_DEFAULTS["beta_neg"],
-        metadata={"help": "Power-mean weight beta in [0, 1] of the negative-advantage branch (paper: 0.5)."},
-    )
-    respo_lambda_neg: float = field(
-        default=RESPO_DEFAULTS["lam_neg"],
-        metadata={"help": "Variance-control tilt lambda (>= 0) of the negative-advantage branch (paper: 2)."},
     )
     respo_pos_branch: str = field(
         default="respo",

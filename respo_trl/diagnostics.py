@@ -33,6 +33,7 @@ Definitions (symbols of ``docs/method.md``):
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -216,14 +217,26 @@ def drift_rows(logps: Tensor, old_logps: Tensor, mask: Tensor, sampler_ratio: Te
         return torch.stack(columns, dim=-1)
 
 
-def drift_signals(rows: Tensor) -> dict[str, float]:
-    """``ess``: the normalised Kish ESS of the defined ``W`` (the ESS floor's); ``kl``: the per-token KL over all kept
-    tokens; ``policy_ess``: the ESS of ``pi_theta / pi_old`` alone (adaptive reuse's ``"ess"``)."""
-    return {
-        "ess": kish_ess(rows[:, 0][rows[:, 1] > 0]).item(),
-        "kl": (rows[:, 2].sum() / rows[:, 3].sum().clamp(min=1.0)).item(),
-        "policy_ess": kish_ess(rows[:, 4][rows[:, 5] > 0]).item(),
-    }
+class DriftSignals(NamedTuple):
+    """How far the current policy has moved from the one that sampled a batch, over all processes: what the reuse
+    schedule decides on (``respo_min_ess``, ``respo_adaptive_reuse``) and what it logs before a pass."""
+
+    ess: float  # the normalised Kish ESS of the defined W, sampler correction included (the ESS floor's)
+    kl: float  # the per-token KL(pi_old || pi_theta) over all kept tokens
+    policy_ess: float  # the ESS of pi_theta / pi_old alone (adaptive reuse's "ess")
+
+    def metrics(self) -> dict[str, float]:
+        return {"reuse/ess_before_pass": self.ess, "reuse/kl_before_pass": self.kl,
+                "reuse/policy_ess_before_pass": self.policy_ess}  # fmt: skip
+
+
+def drift_signals(rows: Tensor) -> DriftSignals:
+    """The gathered :func:`drift_rows` as :class:`DriftSignals`."""
+    return DriftSignals(
+        ess=kish_ess(rows[:, 0][rows[:, 1] > 0]).item(),
+        kl=(rows[:, 2].sum() / rows[:, 3].sum().clamp(min=1.0)).item(),
+        policy_ess=kish_ess(rows[:, 4][rows[:, 5] > 0]).item(),
+    )
 
 
 def positive_low_weight_stats(

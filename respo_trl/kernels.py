@@ -22,20 +22,33 @@ over the global token count) on top of these per-token losses.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Callable, NamedTuple
 
 import torch
+
+from ._compat import REMOVED_NAMES, renamed_message
 
 Tensor = torch.Tensor
 
 LOG_W_CLAMP = 20.0  # |log W| is clamped here (spec section 2; the authors' code clamps the same)
 
-# The paper's constants, used for every reported run: positive (2, 0.5, 2), negative (1, 0.5, 2).
-RESPO_DEFAULTS = {"alpha_pos": 2.0, "beta_pos": 0.5, "lam_pos": 2.0, "alpha_neg": 1.0, "beta_neg": 0.5, "lam_neg": 2.0}
-# The one map from the constants' config name (``ReSPOConfig``'s field and verl's ``policy_loss`` key, the same
-# spelling in both) to the kernel's argument; the part before "_" is the kind :func:`check_constant` checks.
-CONSTANT_KEYS = {f"respo_{arg.replace('lam_', 'lambda_')}": arg for arg in RESPO_DEFAULTS}
+# The paper's six kernel constants, declared here once for every config that carries them (ReSPOConfig,
+# AsyncReSPOConfig, LossParams and verl's ReSPOPolicyLossConfig, through :func:`with_respo_constants`), under their
+# one spelling (the configs' field and verl's ``policy_loss`` key), with the default every reported run used
+# (positive (2, 0.5, 2), negative (1, 0.5, 2)) and the help the command line prints.
+RESPO_CONSTANTS = {
+    "respo_alpha_pos": (2.0, "Power-mean order alpha (> 0) of the positive-advantage branch (paper: 2)."),
+    "respo_beta_pos": (0.5, "Power-mean weight beta in [0, 1] of the positive-advantage branch (paper: 0.5)."),
+    "respo_lambda_pos": (2.0, "Variance-control tilt lambda (>= 0) of the positive-advantage branch (paper: 2)."),
+    "respo_alpha_neg": (1.0, "Power-mean order alpha (> 0) of the negative-advantage branch (paper: 1, i.e. W^beta)."),
+    "respo_beta_neg": (0.5, "Power-mean weight beta in [0, 1] of the negative-advantage branch (paper: 0.5)."),
+    "respo_lambda_neg": (2.0, "Variance-control tilt lambda (>= 0) of the negative-advantage branch (paper: 2)."),
+}
+# Config name -> the kernel's argument (:func:`respo_kernel`); the part before "_" is the kind :func:`check_constant`
+# checks.
+CONSTANT_KEYS = {name: name.removeprefix("respo_").replace("lambda_", "lam_") for name in RESPO_CONSTANTS}
+RESPO_DEFAULTS = {arg: RESPO_CONSTANTS[name][0] for name, arg in CONSTANT_KEYS.items()}  # under the kernel's names
 # What each branch of the two-branch kernel can be: the paper's power mean with its tilt ("respo", the default), or
 # VESPO's gamma kernel ``W^k exp(lam (1 - W))`` with the ``vespo_*`` constants ("vespo"). The second exists to take
 # the two kernels apart one branch at a time (docs/benchmarks/regime_mechanism.md 5.5); it is not the paper's method.
@@ -239,7 +252,20 @@ def directional_trust_mask(
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def with_respo_constants(cls):
+    """Give the dataclass-to-be ``cls`` the six fields of :data:`RESPO_CONSTANTS` (default and help); apply it under
+    ``@dataclass``. It is how every config that carries the constants declares them: in one place."""
+    annotations = cls.__dict__.get("__annotations__")
+    if annotations is None:
+        annotations = cls.__annotations__ = {}
+    for name, (default, help_text) in RESPO_CONSTANTS.items():
+        annotations[name] = "float"
+        setattr(cls, name, field(default=default, metadata={"help": help_text}))
+    return cls
+
+
 @dataclass(frozen=True)
+@with_respo_constants
 class LossParams:
     """Hyper-parameters of every registered loss, named as in TRL's ``GRPOConfig`` / ``ReSPOConfig``."""
 
@@ -253,12 +279,7 @@ class LossParams:
     vespo_lambda_pos: float = 3.0
     vespo_k_neg: float = 3.0
     vespo_lambda_neg: float = 2.0
-    respo_alpha_pos: float = RESPO_DEFAULTS["alpha_pos"]
-    respo_beta_pos: float = RESPO_DEFAULTS["beta_pos"]
-    respo_lambda_pos: float = RESPO_DEFAULTS["lam_pos"]
-    respo_alpha_neg: float = RESPO_DEFAULTS["alpha_neg"]
-    respo_beta_neg: float = RESPO_DEFAULTS["beta_neg"]
-    respo_lambda_neg: float = RESPO_DEFAULTS["lam_neg"]
+    # respo_alpha_pos ... respo_lambda_neg: the paper's constants (with_respo_constants)
     respo_pos_branch: str = "respo"
     respo_neg_branch: str = "respo"
     respo_trust_mask: bool = False
@@ -464,25 +485,11 @@ def respo_weights(
         return ReSPOWeights(coef, current, phi, kept, trust_kept)
 
 
-def respo_coefficients(
-    log_ratio: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    params: LossParams = LossParams(),
-    *,
-    sampler_ratio: Tensor | None = None,
-    log_w: Tensor | None = None,
-) -> Tensor:
-    """ReSPO's detached per-token coefficient (B, T): ``phi_{sign A}(W_i)`` on kept tokens, 0 elsewhere (the
-    ``coefficients`` of :func:`respo_weights`, which says how it is computed)."""
-    return respo_weights(log_ratio, advantages, mask, params, sampler_ratio=sampler_ratio, log_w=log_w).coefficients
-
-
 @register_policy_loss("respo")
 def respo_loss(log_ratio, advantages, mask, params, *, sampler_ratio=None, log_w=None):
-    """ReSPO: ``-c_it * A_i * log pi_theta(y_it)`` with the detached coefficient of :func:`respo_coefficients`
+    """ReSPO: ``-c_it * A_i * log pi_theta(y_it)`` with the detached coefficient of :func:`respo_weights`
     (``log_w``: the first-pass weight it keeps, where given)."""
-    coef = respo_coefficients(log_ratio, advantages, mask, params, sampler_ratio=sampler_ratio, log_w=log_w)
+    coef = respo_weights(log_ratio, advantages, mask, params, sampler_ratio=sampler_ratio, log_w=log_w).coefficients
     return -coef * _column(advantages) * log_ratio
 
 
@@ -552,3 +559,9 @@ def kish_ess(log_w: Tensor) -> Tensor:
         return torch.tensor(float("nan"))
     shifted = log_w - log_w.max()
     return torch.exp(2 * torch.logsumexp(shifted, 0) - torch.logsumexp(2 * shifted, 0)) / log_w.numel()
+
+
+def __getattr__(name: str):
+    if name in REMOVED_NAMES:  # a name an earlier release exported: refused in one line that says what replaces it
+        raise AttributeError(f"respo_trl.kernels.{renamed_message(name, REMOVED_NAMES[name])}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

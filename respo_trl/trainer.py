@@ -8,17 +8,21 @@ between TRL and the module that owns the work: the reuse schedule to :mod:`respo
 :mod:`respo_trl.routing_replay`. Every TRL name the seam reads or writes is declared in :mod:`respo_trl.trl_surface`
 and checked when a trainer is built. Every other ``loss_type`` runs TRL's code unchanged.
 
-Values pass between the overrides as arguments and return values, with one exception TRL forces: its own loss types
-run their forward inside TRL's ``_compute_loss``, so the log-probabilities the diagnostics need (and the rows to count
-as 0 in that forward) travel through one :class:`~respo_trl.trl_loss.LossForward` record that ``_compute_loss`` opens
-before the call and closes after it; ``_get_per_token_logps_and_entropies`` fills it only while it is open.
+One micro-batch's loss is one call, :func:`respo_trl.trl_loss.micro_batch_loss`, with the micro-batch and TRL's side
+of it (:class:`~respo_trl.trl_loss.TrlContext`); it returns a frozen result (loss, weights, metrics) and the buffer
+gets the weights and reports its own metrics. Values pass between the overrides as arguments and return values, with
+one exception TRL forces: its own loss types run their forward inside TRL's ``_compute_loss``, so the rows to count as
+0 in that forward, and the log-probabilities the diagnostics need, travel through one :class:`_TrlForward` record
+that :meth:`ReSPOTrainer._trls_loss` opens before TRL's call and closes after it;
+``_get_per_token_logps_and_entropies`` cleans and records the first forward only while it is open.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 from contextlib import nullcontext
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 from accelerate.logging import get_logger
@@ -26,15 +30,16 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, split_pixel_values_by_grid, unsplit_pixel_values_by_grid
 
-from .buffer import FIRST_LOG_W_KEY, ROW_KEY, VERSION_KEY, RolloutBuffer, check_contiguous_groups, has_buffer_files
-from .checkpoints import checkpoint_status, finished_at, latest_complete_checkpoint
+from .buffer import RolloutBuffer, check_contiguous_groups
+from .checkpoints import resume_target
 from .config import ReSPOConfig, describe_kernel, respo_notes
-from .diagnostics import drift_rows, drift_signals, pool_low_weight_window, sampler_gap_warning, step_metrics
+from .diagnostics import DriftSignals, drift_rows, drift_signals, pool_low_weight_window
+from .hub.cards import write_model_card
 from .integrations.vllm import check_colocated_weight_sync
-from .kernels import FOLDS_SAMPLER_RATIO, LossParams, registered_loss_for
+from .kernels import LossParams, registered_loss_for
 from .paper import ARXIV_ID, RESPO_CITATION, TITLE, TRAINER_TAGS
 from .routing_replay import ROUTES_KEY, attach_routing_replay, drift_metrics
-from .trl_loss import LossForward, drop_nonfinite, respo_grpo_loss, trl_entropy_bonus
+from .trl_loss import EntropyState, TrlContext, clean_logps, loss_mask, micro_batch_loss
 from .trl_surface import (
     MULTIMODAL_KEYS,
     TRL_METHODS,
@@ -64,7 +69,7 @@ class ReSPOTrainer(GRPOTrainer):
     card_writer = None
     # MoE Routing Replay (R3; respo_routing_replay=True): the engine on the model, or None
     routing_replay = None
-    _loss_forward: LossForward | None = None  # open only inside _compute_loss (the one exception, module docstring)
+    _trl_forward: _TrlForward | None = None  # open only inside _trls_loss (the one exception, module docstring)
 
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *rest, **kwargs):
         check_trl_hooks()
@@ -111,12 +116,8 @@ class ReSPOTrainer(GRPOTrainer):
             sample=lambda: self._sample(generation_batch),  # the sampler repeats the cycle's prompts until it ends
             measure=self._drift,
             device=self.accelerator.device,
-            new_step=self._step % self.current_gradient_accumulation_steps == 0,
         )
-        if served.signals is not None:
-            self._metrics["train"]["reuse/ess_before_pass"].append(served.signals["ess"])
-            self._metrics["train"]["reuse/kl_before_pass"].append(served.signals["kl"])
-            self._metrics["train"]["reuse/policy_ess_before_pass"].append(served.signals["policy_ess"])
+        self._log_metrics(served.metrics())
         return unsplit_pixel_values_by_grid(served.batch)
 
     def samples_next(self) -> bool:
@@ -125,13 +126,10 @@ class ReSPOTrainer(GRPOTrainer):
         return self.rollouts.samples_next(self._drift)
 
     def _get_train_sampler(self, dataset=None):
-        # TRL's sampler repeats each generation batch's prompts for all num_iterations passes. Under adaptive reuse a
-        # batch the drift check stops is followed by a fresh one, which should see new prompts (as PPO's early stop is
-        # followed by new episodes), not the same ones again: the prompts move on after every pass, and those of the
-        # passes a batch does serve are simply not sampled.
         sampler = super()._get_train_sampler(dataset)
-        if self.args.respo_adaptive_reuse is not None:  # (a streamed dataset is refused in __init__)
-            sampler.repeat_count = self.args.steps_per_generation
+        repeats = self.rollouts.prompt_repeat_count()  # (a streamed dataset under adaptive reuse is refused in __init__)
+        if repeats is not None:
+            sampler.repeat_count = repeats
         return sampler
 
     def _sample(self, generation_batch) -> dict:
@@ -188,14 +186,14 @@ class ReSPOTrainer(GRPOTrainer):
                 token_type_ids=token_type_ids, mm_token_type_ids=mm_token_type_ids,
                 image_position_ids=image_position_ids,
             )  # fmt: skip
-        record = self._loss_forward
-        if record is not None and record.logps is None:  # the loss's own forward (the first inside _compute_loss)
-            logps = record.clean(logps)
+        record = self._trl_forward
+        if record is not None and record.logps is None:  # TRL's loss forward (the first inside its _compute_loss)
+            logps = clean_logps(logps, record.dropped)
             record.logps, record.entropies = logps.detach(), None if entropies is None else entropies.detach()
         return logps, entropies, aux_loss
 
     @torch.no_grad()
-    def _drift(self, batch) -> dict[str, float] | None:
+    def _drift(self, batch) -> DriftSignals | None:
         """How far the current policy has moved from the one that sampled ``batch``, over all processes
         (:func:`respo_trl.diagnostics.drift_signals`: the ESS of ``W`` and the per-token KL). One no-grad forward;
         None without stored old log-probabilities (nothing is stale)."""
@@ -214,184 +212,91 @@ class ReSPOTrainer(GRPOTrainer):
                 batch_size=self.args.per_device_train_batch_size,
                 **{key: batch.get(key) for key in MULTIMODAL_KEYS},
             )
-        rows = drift_rows(logps, old, _loss_mask(batch), self._sampler_ratio(batch))
-        return drift_signals(self.accelerator.gather(rows))
+        ratio = batch.get("importance_sampling_ratio") if self._sampler_correction else None
+        return drift_signals(self.accelerator.gather(drift_rows(logps, old, loss_mask(batch), ratio)))
 
-    def _sampler_ratio(self, inputs):
-        """TRL's vLLM importance-sampling ratio when the correction is on (it then enters every loss), else None."""
-        if self.use_vllm and self.vllm_importance_sampling_correction:
-            return inputs.get("importance_sampling_ratio")
-        return None
+    @property
+    def _sampler_correction(self) -> bool:
+        """TRL's vLLM importance-sampling correction is on: its ratio then enters every loss."""
+        return bool(self.use_vllm and self.vllm_importance_sampling_correction)
 
     # -- loss ----------------------------------------------------------------------------------------------------------
 
     def _compute_loss(self, model, inputs):
-        if self.model.training:
+        training = self.model.training
+        if training:
             check_trl_loop_state(self)
-        inputs, dropped = drop_nonfinite(inputs)
-        forward = LossForward(dropped)
-        # respo_epoch_weight="first_pass": each row's first-pass log W (NaN on its first pass); the buffer serves copies,
-        # so writing the stored batch after the loss leaves this one as it was
-        kept_log_w = inputs[FIRST_LOG_W_KEY] if self.model.training and FIRST_LOG_W_KEY in inputs else None
-        self._loss_forward = forward  # closed below, whatever happens (the one exception, module docstring)
-        try:
-            with self._routes(inputs):  # MoE Routing Replay: the micro-batch's recorded routes
-                if self.loss_type == "respo":
-                    loss = self._respo_loss(model, inputs, forward, kept_log_w)
-                else:
-                    loss = super()._compute_loss(model, inputs)  # TRL's loss, its forward recorded in `forward`
-        finally:
-            self._loss_forward = None
+        with self._routes(inputs):  # MoE Routing Replay: the micro-batch's recorded routes
+            result = micro_batch_loss(inputs, self._trl_context(model, training))
         if self.routing_replay is not None:
             self._log_routing_drift()
-        self._log_step_metrics(inputs, forward, kept_log_w)
-        if kept_log_w is not None and forward.weights is not None and torch.isnan(kept_log_w).any():
-            self.rollouts.remember_first_weight(inputs[ROW_KEY], forward.weights.log_w)  # rows on their first pass
-        return loss
+        if result.entropy is not None:  # TRL keeps its adaptive entropy state on the trainer
+            self.entropy_coef, self._entropy_window_stats, self._last_world_entropy = result.entropy
+        metrics = result.metrics
+        if training:
+            log_w = None if result.weights is None else result.weights.log_w
+            metrics = {**metrics, **self.rollouts.finish_micro_batch(inputs, log_w, result.staleness)}
+            if result.sampler_gap is not None and not self._sampler_gap_warned:  # once per run
+                logger.warning(result.sampler_gap, main_process_only=True)
+                self._sampler_gap_warned = True
+        self._log_metrics(metrics)
+        return result.loss
 
-    def _respo_loss(self, model, inputs, forward: LossForward, kept_log_w) -> torch.Tensor:
-        """ReSPO's loss (:func:`respo_trl.trl_loss.respo_grpo_loss`) on the loss forward of ``inputs``, with TRL's
-        masks, normaliser, entropy bonus, auxiliary loss and metrics around it, as TRL's ``vespo`` branch has them."""
-        prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
-        logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model, torch.cat([prompt_ids, completion_ids], dim=1),
-            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1), completion_ids.size(1),
-            compute_entropy=True, compute_aux_loss=self.aux_loss_enabled,
-            **{key: inputs.get(key) for key in MULTIMODAL_KEYS},
+    def _trl_context(self, model, training: bool) -> TrlContext:
+        """TRL's side of this micro-batch's loss, as the trainer holds it now."""
+        args = self.args
+        return TrlContext(
+            loss_type=self.loss_type, params=self.loss_params, loss_name=self._loss_name,
+            forward=partial(self._get_per_token_logps_and_entropies, model),
+            trl_loss=partial(self._trls_loss, model), training=training,
+            accumulation=self.current_gradient_accumulation_steps if training else 1.0,
+            steps_per_generation=args.steps_per_generation, num_processes=self.accelerator.num_processes,
+            beta=self.beta, kl_correction=self.importance_sampling_level if args.use_bias_correction_kl else None,
+            high_entropy_mask=partial(_high_entropy_mask, self.get_high_entropy_mask, 1 - self.top_entropy_quantile)
+            if self.top_entropy_quantile < 1.0 else None,
+            off_policy_mask=partial(self.get_off_policy_mask, off_policy_threshold=self.off_policy_mask_threshold)
+            if self.off_policy_mask_threshold is not None else None,
+            entropy=EntropyState(self.entropy_coef, self._entropy_window_stats, self._last_world_entropy)
+            if self._entropy_bonus_enabled else None,
+            adaptive_entropy=self.use_adaptive_entropy, args=args,
+            aux_coef=self.router_aux_loss_coef if self.aux_loss_enabled else None,
+            sampler_correction=self._sampler_correction, diagnostics=args.respo_log_diagnostics,
+            multimodal_keys=MULTIMODAL_KEYS, collectives=self.accelerator,
         )  # fmt: skip
-        mode = "train" if self.model.training else "eval"
-        mask = _loss_mask(inputs)
-        entropy_mask, forward.token_weight = self._trl_token_masks(inputs, logps, entropies)
-        # TRL's dapo aggregation: `num_items_in_batch` spans the generation batch, rescaled to one accumulation window
-        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
-        if mode == "train":
-            normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
-        result = respo_grpo_loss(
-            logps, inputs.get("old_per_token_logps"), inputs["advantages"], mask, self.loss_params,
-            normalizer=normalizer, sampler_ratio=inputs.get("importance_sampling_ratio"), kept_log_w=kept_log_w,
-            token_weight=forward.token_weight, beta=self.beta, ref_logps=inputs.get("ref_per_token_logps"),
-            kl_correction=self.importance_sampling_level if self.args.use_bias_correction_kl else None,
-        )  # fmt: skip
-        forward.weights = result.weights
-        loss = result.loss + self._entropy_bonus(entropies, mask, entropy_mask, result.loss.detach(), mode)
-        if self.aux_loss_enabled:  # scaled for gradient accumulation like the policy loss
-            accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
-            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
-        if self.beta != 0.0:
-            self._metrics[mode]["kl"].append(self._global_masked_mean(result.per_token_kl, mask))
-        self._metrics[mode]["entropy"].append(self._global_masked_mean(entropies, mask))
-        return loss
 
-    def _global_masked_mean(self, values, mask) -> float:
-        totals = self.accelerator.reduce(torch.stack([(values * mask).sum(), mask.sum().float()]), reduction="sum")
-        return (totals[0] / totals[1].clamp(min=1.0)).item()
-
-    def _entropy_bonus(self, entropies, mask, entropy_mask, policy_loss, mode):
-        """TRL's entropy bonus (:func:`respo_trl.trl_loss.trl_entropy_bonus`; 0 when off), with TRL's adaptive
-        coefficient state, which TRL keeps on the trainer, passed in and stored back."""
-        if not self._entropy_bonus_enabled:
-            return 0.0
-        train, accelerator = mode == "train", self.accelerator
-        self._metrics[mode]["policy_loss"].append(accelerator.gather(policy_loss).nanmean().item())
-        term, self.entropy_coef, self._entropy_window_stats, self._last_world_entropy = trl_entropy_bonus(
-            entropies, mask, entropy_mask, coef=self.entropy_coef, window=self._entropy_window_stats,
-            last_world_entropy=self._last_world_entropy, args=self.args, adaptive=self.use_adaptive_entropy,
-            train=train, accumulation=self.current_gradient_accumulation_steps if train else 1.0,
-            sync_gradients=accelerator.sync_gradients, reduce=lambda t: accelerator.reduce(t, reduction="sum"),
-        )  # fmt: skip
-        if train and accelerator.sync_gradients:
-            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
-        return term
-
-    def _trl_token_masks(self, inputs, logps, entropies):
-        """TRL's masks besides the importance weight, with TRL's own helpers: ``(entropy mask, product of the entropy
-        and off-policy masks)``, each None when off. ReSPO's loss multiplies them in; the diagnostics reuse them."""
-        mask = _loss_mask(inputs)
-        entropy_mask = weight = None
-        if self.top_entropy_quantile < 1.0:
-            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
-            weight = entropy_mask.float()
-        if self.off_policy_mask_threshold is not None:
-            advantages, old = inputs["advantages"], inputs.get("old_per_token_logps")
-            old = logps.detach() if old is None else old
-            kept = self.get_off_policy_mask(
-                advantages=advantages.unsqueeze(1) if advantages.dim() == 1 else advantages, per_token_logps=logps,
-                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old), mask=mask,
-                off_policy_threshold=self.off_policy_mask_threshold,
-            ).float()  # fmt: skip
-            weight = kept if weight is None else weight * kept
-        return entropy_mask, weight
+    def _trls_loss(self, model, inputs, dropped) -> tuple:
+        """TRL's own ``_compute_loss`` (every loss type but ReSPO's), with its forward's log-probabilities cleaned
+        (``dropped`` rows and non-finite values: 0) and recorded for the diagnostics (module docstring)."""
+        self._trl_forward = _TrlForward(dropped)
+        try:
+            loss = super()._compute_loss(model, inputs)
+            return loss, self._trl_forward.logps, self._trl_forward.entropies
+        finally:
+            self._trl_forward = None
 
     def _log_routing_drift(self) -> None:
         stats = self.accelerator.reduce(self.routing_replay.last_stats.to(self.accelerator.device), "sum").float()
-        for key, value in drift_metrics(stats).items():
-            self._metrics["train" if self.model.training else "eval"][key].append(value)
+        self._log_metrics(drift_metrics(stats))
 
     # -- metrics ---------------------------------------------------------------------------------------------------------
 
-    def _log_step_metrics(self, inputs, forward: LossForward, kept_log_w=None) -> None:
+    def _log_metrics(self, metrics: dict[str, float]) -> None:
         mode = "train" if self.model.training else "eval"
-        staleness = self.rollouts.staleness(inputs, self.state.global_step) if VERSION_KEY in inputs else None
-        metrics = {}
-        if self.args.respo_log_diagnostics:  # from the loss's own forward and, under ReSPO, its weights
-            if forward.weights is None:  # TRL's own loss: its masks, recomputed once with TRL's helpers
-                forward.token_weight = self._trl_token_masks(inputs, forward.logps, forward.entropies)[1]
-            metrics, staleness = step_metrics(
-                forward.logps, inputs.get("old_per_token_logps"), inputs["advantages"], _loss_mask(inputs),
-                self.loss_params, self._loss_name, sampler_ratio=self._sampler_ratio(inputs),
-                token_weight=forward.token_weight, kept_log_w=kept_log_w, weights=forward.weights,
-                staleness=staleness, dropped=forward.dropped, gather=self.accelerator.gather,
-            )  # fmt: skip
-        elif mode == "train":
-            staleness = self.accelerator.gather(staleness.float())
-        if mode == "train":
-            metrics.update(self.rollouts.reuse_metrics(staleness, self._step % self.current_gradient_accumulation_steps == 0))
-            self._warn_sampler_gap(inputs, staleness, metrics.get("offpolicy/log_weight/std"))
         for key, value in metrics.items():
             self._metrics[mode][key].append(value)
 
-    def _warn_sampler_gap(self, inputs, staleness, log_weight_std) -> None:
-        """Once per run: on a step where every row is fresh and TRL's sampler correction enters a sequence weight
-        (ReSPO, VESPO), warn when the spread of ``log W`` says the engine's rounding is what moves it."""
-        fresh = staleness.numel() > 0 and staleness.max().item() == 0
-        if self._sampler_gap_warned or log_weight_std is None or not fresh or self._loss_name not in FOLDS_SAMPLER_RATIO:
-            return
-        warning = sampler_gap_warning(log_weight_std) if self._sampler_ratio(inputs) is not None else None
-        if warning is not None:
-            logger.warning(warning, main_process_only=True)
-            self._sampler_gap_warned = True
-
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         pool_low_weight_window(self._metrics["train" if self.model.training else "eval"])
-        # Under reuse the failure to watch is a loss that keeps taking full steps on stale rollouts: the clipped loss's
-        # gradient norm falls several-fold on reuse passes, a sequence kernel's need not (docs/method.md, section 6).
-        # Log which pass over its batch the last optimizer step was (the mean when one step spans several passes, as
-        # with steps_per_generation < gradient_accumulation_steps) and, for a step inside one reuse pass, its
-        # grad_norm relative to that same batch's fresh pass.
-        passes = self.rollouts.step_passes
-        if "grad_norm" in logs and self.model.training and passes:
-            logs["reuse/pass"] = sum(p + 1 for _, p in passes) / len(passes)
-            ratio = self.rollouts.grad_norm_vs_fresh(logs["grad_norm"])
-            if ratio is not None:
-                logs["reuse/grad_norm_vs_fresh"] = ratio
+        if "grad_norm" in logs and self.model.training:  # the optimizer step's pass and its grad norm vs the fresh one
+            logs.update(self.rollouts.step_summary(logs["grad_norm"]))
         super().log(logs, start_time)
 
     # -- checkpointing -------------------------------------------------------------------------------------------------
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None):
-        """``Trainer.train``, resuming only from complete checkpoints (:mod:`respo_trl.checkpoints`): with
-        ``resume_from_checkpoint=True`` the latest complete one (interrupted saves skipped with a warning); an explicit
-        incomplete path, or one already at ``max_steps`` (transformers would train one update past it), is an error."""
-        processes = self.accelerator.num_processes
-        if resume_from_checkpoint is True:
-            resume_from_checkpoint = latest_complete_checkpoint(self.args.output_dir, processes, logger.warning)
-        if isinstance(resume_from_checkpoint, str) and os.path.isdir(resume_from_checkpoint):
-            problem = checkpoint_status(resume_from_checkpoint, processes) or finished_at(
-                resume_from_checkpoint, self.args.max_steps
-            )
-            if problem:
-                raise ValueError(f"cannot resume from {resume_from_checkpoint}: {problem}")
+        """``Trainer.train``, resuming only from complete checkpoints (:func:`respo_trl.checkpoints.resume_target`)."""
+        resume_from_checkpoint = resume_target(resume_from_checkpoint, self.args.output_dir,
+                                               self.accelerator.num_processes, self.args.max_steps, logger.warning)  # fmt: skip
         return super().train(
             resume_from_checkpoint=resume_from_checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval
         )
@@ -410,41 +315,29 @@ class ReSPOTrainer(GRPOTrainer):
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
-            return
-        if has_buffer_files(checkpoint):
-            extra = self.rollouts.load(checkpoint, self.accelerator.process_index, device=self.accelerator.device)
-            self._step = extra["step"]
-            return
-        # written by plain GRPOTrainer: a new generation cycle starts, as TRL's own resume does
-        lost = self.rollouts.resume_without_files(self.state.global_step * self.args.gradient_accumulation_steps)
-        if lost:
-            logger.warning(
-                f"{checkpoint} has no rollout buffer (written by plain GRPOTrainer?) and ends mid-cycle: the {lost} "
-                "remaining micro-batches of its rollout batch are replaced by fresh rollouts, as TRL's resume does. "
-                "The sampled-token counter restarts at 0."
-            )
-        else:
-            logger.info(f"{checkpoint} has no rollout buffer; it ends a generation cycle, so nothing is lost.")
-        self._step = 0
-
-    # -- model card ------------------------------------------------------------------------------------------------
+        if checkpoint is not None:  # the buffer's resume policy (RolloutBuffer.restore); TRL's micro-step counter
+            self._step = self.rollouts.restore(checkpoint, self.accelerator.process_index, self.accelerator.device,
+                                               self.state.global_step * self.args.gradient_accumulation_steps,
+                                               logger)  # fmt: skip
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """The card ``card_writer`` writes (``respo_trl.hub.card.write_trainer_card`` in the recipe), else TRL's."""
-        # the writer as it was set, on the instance or on a subclass, never bound (a function set on a class would
-        # otherwise receive the trainer twice)
-        writer = inspect.getattr_static(self, "card_writer")
-        writer = writer.__func__ if isinstance(writer, (staticmethod, classmethod)) else writer
-        if writer is None:
-            return super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
-        if self.is_world_process_zero():
-            writer(self, model_name=model_name, dataset_name=dataset_name, tags=tags)
+        """The card ``card_writer`` writes (``respo_trl.hub.card.write_trainer_card`` in the recipe), else TRL's
+        (:func:`respo_trl.hub.cards.write_model_card`)."""
+        write_model_card(self, super().create_model_card, model_name=model_name, dataset_name=dataset_name, tags=tags)
 
 
-def _loss_mask(inputs: dict) -> torch.Tensor:
-    """The tokens a loss counts: TRL's completion mask times its loss-only tool mask (tool-call tokens, dropped rows)."""
-    return inputs["completion_mask"] * inputs.get("tool_mask", 1)
+@dataclass
+class _TrlForward:
+    """TRL's loss forward for one ``_compute_loss`` call: the rows its loss counts as 0, and the forward's (log-probs,
+    entropies), cleaned and detached once."""
+
+    dropped: torch.Tensor
+    logps: torch.Tensor | None = None
+    entropies: torch.Tensor | None = None
+
+
+def _high_entropy_mask(helper, threshold, entropies, mask):
+    return helper(entropies, mask, threshold)
 
 
 # What ReSPOTrainer overrides of TRL's surface, read off the class (the rest of TRL_METHODS it only calls).

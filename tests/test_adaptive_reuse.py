@@ -9,7 +9,9 @@ from conftest import CPU_ARGS, StopAt, params_of
 
 from respo_trl import ReSPOConfig
 from respo_trl.buffer import RolloutBuffer
+from respo_trl.diagnostics import DriftSignals
 
+from benchmarks.common import read_record_text
 
 def serve(buffer, drifts, steps):
     """``steps`` micro-batches from ``buffer``, the drift of each check read from ``drifts`` in turn."""
@@ -29,7 +31,7 @@ def test_a_batch_is_cut_short_when_its_drift_passes_the_threshold(signal, key, s
     # the signals not in use never decide: "ess" (W with the engine's sampler correction) is the ESS floor's, and
     # adaptive "ess" reads the policy's own drift, "policy_ess"
     other = {"kl": 0.0, "ess": 0.0 if signal == "ess" else 1.0, "policy_ess": 1.0}
-    drift = lambda value: {**other, key: value}  # noqa: E731
+    drift = lambda value: DriftSignals(**{**other, key: value})  # noqa: E731
     served, checked = serve(buffer, [drift(go), drift(stop), drift(go), drift(go), drift(stop), drift(go)], 7)
     assert [s.pass_index for s in served] == [0, 1, 0, 1, 2, 0, 1]
     assert [s.sampled for s in served] == ["cycle", None, "stop", None, None, "stop", None]
@@ -39,7 +41,7 @@ def test_a_batch_is_cut_short_when_its_drift_passes_the_threshold(signal, key, s
 
 def test_a_batch_that_does_not_drift_serves_all_its_passes():
     buffer = RolloutBuffer(reuse=2, steps_per_generation=2, adaptive="kl", threshold=0.3)
-    served, checked = serve(buffer, [{"kl": 0.0, "ess": 1.0, "policy_ess": 1.0}] * 2, 8)
+    served, checked = serve(buffer, [DriftSignals(kl=0.0, ess=1.0, policy_ess=1.0)] * 2, 8)
     assert [s.pass_index for s in served] == [0, 0, 1, 1] * 2
     assert [s.sampled for s in served] == ["cycle", None, None, None] * 2
     assert len(checked) == 2 and buffer.refreshes == 0  # only at the start of each reuse pass
@@ -47,7 +49,7 @@ def test_a_batch_that_does_not_drift_serves_all_its_passes():
 
 def test_an_unmeasurable_drift_decides_nothing():
     buffer = RolloutBuffer(reuse=2, steps_per_generation=1, adaptive="ess", threshold=0.9)
-    served, _ = serve(buffer, [None, {"kl": float("nan"), "ess": float("nan"), "policy_ess": float("nan")}], 4)
+    served, _ = serve(buffer, [None, DriftSignals(*[float("nan")] * 3)], 4)
     assert [s.sampled for s in served] == ["cycle", None, "cycle", None]
 
 
@@ -64,7 +66,7 @@ def test_the_report_counts_batches_refreshes_and_passes_per_batch():
                                respo_adaptive_threshold=threshold)  # fmt: skip
 
     buffer = RolloutBuffer(reuse=4, steps_per_generation=1, adaptive="kl", threshold=0.3)
-    go, stop = {"kl": 0.1, "ess": 1.0, "policy_ess": 1.0}, {"kl": 0.5, "ess": 1.0, "policy_ess": 1.0}
+    go, stop = DriftSignals(kl=0.1, ess=1.0, policy_ess=1.0), DriftSignals(kl=0.5, ess=1.0, policy_ess=1.0)
     served, _ = serve(buffer, [go, stop, go, go, stop, go], 7)  # batches of 2, 3 and 2 passes: two stops
     fresh = sum(s.pass_index == 0 for s in served)
     assert reuse_summary(buffer, config(4, 1, "kl", 0.3), global_step=7) == {
@@ -278,7 +280,7 @@ def test_smoke_run_of_the_benchmark(tmp_path, tiny_model_dir):
     stage("evaluate")
     result = json.loads((out / "evaluation.json").read_text())
     assert set(result["readings"]) == {"R2", "R4", "R4-kl0.001"} and result["runs"] == 2 * 2 * 7
-    run = json.loads((out / "evaluation" / "R4-kl0.001-respo-lr0.0001-s1.json").read_text())
+    run = json.loads(read_record_text(out / "evaluation" / "R4-kl0.001-respo-lr0.0001-s1.json"))
     assert run["generated_tokens"] >= 600 and run["updates"] <= 4 * run["batches"] and run["commit"]
     assert "reuse/kl_before_pass" in run["history"] and (out / "adaptive_reuse.png").is_file()
     common[common.index("--workers") + 1] = "1"
@@ -323,11 +325,11 @@ def test_drift_signals_skip_a_bad_log_prob_and_leave_the_sampler_gap_out():
     clean = drift_signals(drift_rows(logps, old, mask))
     old[1, 2] = float("nan")  # one non-finite old log-prob
     signals = drift_signals(drift_rows(logps, old, mask))
-    assert torch.isfinite(torch.tensor(signals["kl"])) and signals["kl"] == pytest.approx(clean["kl"], rel=0.3)
+    assert torch.isfinite(torch.tensor(signals.kl)) and signals.kl == pytest.approx(clean.kl, rel=0.3)
     # a sampler correction as large as a fresh vLLM batch's moves the floor's ESS, not the policy's drift
     gap = torch.exp(torch.tensor([[-1.5], [0.0], [1.5], [-0.5]]))
-    assert drift_signals(drift_rows(logps, logps, mask, gap))["policy_ess"] == pytest.approx(1.0)
-    assert drift_signals(drift_rows(logps, logps, mask, gap))["ess"] < 0.8
+    assert drift_signals(drift_rows(logps, logps, mask, gap)).policy_ess == pytest.approx(1.0)
+    assert drift_signals(drift_rows(logps, logps, mask, gap)).ess < 0.8
 
 
 def test_a_streamed_dataset_is_refused_in_one_line(tokenizer, toy_dataset, tmp_path):

@@ -31,8 +31,8 @@ def test_ess_floor_uses_raw_weights_with_the_sampler_correction(tokenizer, toy_d
             with_sampler = kish_ess(sequence_log_weight(logps - batch["old_per_token_logps"], kept, log_c)).item()
             without = kish_ess(sequence_log_weight(logps - batch["old_per_token_logps"], mask)).item()
             signals = super()._drift(batch)
-            checks.append((signals["ess"], with_sampler, without))
-            policy.append(signals["policy_ess"])
+            checks.append((signals.ess, with_sampler, without))
+            policy.append(signals.policy_ess)
             return signals
 
     args = ReSPOConfig(**{**CPU_ARGS, "output_dir": str(tmp_path), "max_steps": 2, "num_iterations": 2,

@@ -346,7 +346,7 @@ def test_the_sampler_gap_alarm_fires_once_on_fresh_rollouts_and_stays_quiet_belo
         trainer.vllm_importance_sampling_correction = correction
         noise = token_sd * torch.randn(8, 7, generator=gen)
         ratio = torch.where(inputs["completion_mask"].bool(), noise.exp(), 1.0)
-        batch = dict(inputs, importance_sampling_ratio=ratio, rollout_step=torch.full((8,), -staleness))
+        batch = dict(inputs, importance_sampling_ratio=ratio, respo_staleness=torch.full((8,), staleness))  # as served
         with caplog.at_level(logging.WARNING, logger="respo_trl.trainer"):
             caplog.clear()
             trainer._compute_loss(trainer.model, batch)
@@ -407,3 +407,54 @@ def test_vespo_branches_with_per_token_advantages_follow_each_tokens_sign(make_t
     loss_v, grads_v = loss_and_grads(vespo, inputs)
     assert loss_b.item() == pytest.approx(loss_v.item(), rel=1e-5)
     assert_same_grads(grads_b, grads_v)
+
+
+@pytest.mark.parametrize("loss_type", ["respo", "dapo"])
+def test_one_call_computes_the_loss_its_metrics_and_a_frozen_result(make_trainer, tokenizer, loss_type):
+    """Issue 52, items 2-3: ``trl_loss.micro_batch_loss`` is the whole micro-batch loss: called directly with the
+    trainer's TRL context it gives the loss, gradient and metrics the trainer returns and logs (the trainer adds
+    nothing but the buffer's reuse metrics), the ReSPO branch cleans the forward's log-probs itself (a dropped row
+    whose forward underflows to -inf gives no NaN, and the trainer's TRL-forward record is never opened for it), and
+    the result cannot be changed after the fact. Catches: aggregation, masks or entropy left in the trainer, a clean
+    that only happens inside the trainer's hook, a result a later step could edit."""
+    from respo_trl.trl_loss import LossResult, micro_batch_loss
+
+    trainer = prepare(make_trainer(loss_type=loss_type, entropy_coef=0.01, top_entropy_quantile=0.5))
+    inputs = make_batch(tokenizer, seed=6)
+    gen = torch.Generator().manual_seed(3)
+    inputs["old_per_token_logps"] = current_logps(trainer, inputs) + 0.3 * torch.randn(8, 7, generator=gen)
+    inputs["respo_staleness"] = torch.ones(8, dtype=torch.long)
+    inputs["advantages"][2] = float("nan")  # row 2 leaves the loss
+    opened = []
+    forward = trainer._get_per_token_logps_and_entropies
+
+    def underflowing(model, *args, **kwargs):  # TRL's forward, with row 2's log-probs at -inf
+        opened.append(trainer._trl_forward is not None)
+        logps, entropies, aux = forward(model, *args, **kwargs)
+        return logps.index_fill(0, torch.tensor([2]), float("-inf")), entropies, aux
+
+    trainer._get_per_token_logps_and_entropies = underflowing
+    context = trainer._trl_context(trainer.model, training=True)
+    trainer.model.zero_grad()
+    result = micro_batch_loss(inputs, context)
+    result.loss.backward()
+    direct = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    assert isinstance(result, LossResult) and math.isfinite(result.loss.item())
+    with pytest.raises(AttributeError):
+        result.loss = torch.tensor(0.0)  # frozen
+    assert opened and not any(opened) if loss_type == "respo" else all(opened)  # TRL's own forward only for TRL's loss
+    assert (result.weights is not None) == (loss_type == "respo")
+    for key in ("respo/nonfinite_seqs", "offpolicy/log_weight/mean"):
+        assert key in result.metrics
+    assert result.metrics["respo/nonfinite_seqs"] == 1
+    if loss_type == "respo":  # TRL's metrics come back from the loss, not from the trainer
+        assert {"entropy", "policy_loss", "entropy_coef"} <= result.metrics.keys()
+    trainer._metrics["train"].clear()
+    loss, grads = loss_and_grads(trainer, inputs)
+    assert loss.item() == result.loss.item()
+    assert_same_grads(direct, grads)
+    logged = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+    for key, value in result.metrics.items():
+        if key in logged:  # (TRL's own loss logs its metrics itself)
+            assert logged[key] == pytest.approx(value, nan_ok=True), key
+    assert {"reuse/staleness_mean", "reuse/refreshes"} <= logged.keys() and logged["reuse/staleness_mean"] == 1.0

@@ -182,7 +182,7 @@ def test_sampler_correction_is_folded_in_log_space_token_and_sequence_level():
     assert kept.tolist() == [[True, True, False], [False, False, False]]
     l = K.sequence_log_weight(log_ratio, kept, log_c)
     assert l[0].item() == pytest.approx(0.3 + math.log(3.0))  # added once, not once per token
-    coef = K.respo_coefficients(log_ratio, torch.tensor([1.0, 1.0]), mask, sampler_ratio=seq_ratio)
+    coef = K.respo_weights(log_ratio, torch.tensor([1.0, 1.0]), mask, sampler_ratio=seq_ratio).coefficients
     assert coef[1].abs().sum().item() == 0.0  # the masked sequence gets no gradient at all
 
 
@@ -227,15 +227,15 @@ def test_trust_bounds_fall_back_to_the_losss_epsilons_and_can_be_set_apart():
     assert own.trust_bounds() == (0.2, 0.25, None)
 
 
-def test_respo_coefficients_are_phi_times_trust_mask():
+def test_respo_weights_are_phi_times_trust_mask():
     gen = torch.Generator().manual_seed(11)
     log_ratio = torch.randn(32, 6, generator=gen) * 0.4
     adv = torch.randn(32, generator=gen)
     mask = torch.ones(32, 6)
     phi = K.respo_kernel(K.sequence_log_weight(log_ratio, mask), adv)
-    plain = K.respo_coefficients(log_ratio, adv, mask, K.LossParams(respo_trust_mask=False))
+    plain = K.respo_weights(log_ratio, adv, mask, K.LossParams(respo_trust_mask=False)).coefficients
     torch.testing.assert_close(plain, phi.unsqueeze(-1).expand(-1, 6))
-    masked = K.respo_coefficients(log_ratio, adv, mask, K.LossParams(respo_trust_mask=True))
+    masked = K.respo_weights(log_ratio, adv, mask, K.LossParams(respo_trust_mask=True)).coefficients
     trust = K.directional_trust_mask(log_ratio, adv, mask, 0.2, 0.2)
     torch.testing.assert_close(masked, plain * trust)
     assert (masked == 0).any() and not (plain == 0).any()
@@ -245,7 +245,7 @@ def test_per_token_advantages_take_the_branch_per_token():
     log_ratio = torch.full((2, 3), -0.5)
     mask = torch.ones(2, 3)
     adv = torch.tensor([[1.0, -1.0, 1.0], [-1.0, -1.0, 2.0]])
-    coef = K.respo_coefficients(log_ratio, adv, mask)
+    coef = K.respo_weights(log_ratio, adv, mask).coefficients
     log_w = torch.full((2, 3), -1.5)
     torch.testing.assert_close(coef, K.respo_kernel(log_w, adv))
 
@@ -256,7 +256,7 @@ def test_log_weight_is_the_raw_sequence_ratio_whatever_the_length():
     log_ratio = torch.tensor([[-1.0, 0.0, 0.0, 0.0], [-0.25, -0.25, -0.25, -0.25], [-6.0, -6.0, -6.0, -6.0]])
     mask = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]])
     adv = torch.ones(3)
-    coef = K.respo_coefficients(log_ratio, adv, mask)
+    coef = K.respo_weights(log_ratio, adv, mask).coefficients
     expected = K.respo_kernel(torch.tensor([-1.0, -1.0, -20.0]), adv)  # same l = -1 at lengths 1 and 4; -24 clamps
     torch.testing.assert_close(coef.sum(-1) / mask.sum(-1), expected)
     assert not {"respo_norm", "respo_rho_min"} & {f.name for f in dataclasses.fields(K.LossParams)}
@@ -325,7 +325,7 @@ def test_losses_finite_on_extreme_ratios_empty_masks_and_zero_advantages(name):
         c = K.gradient_coefficients(name, log_ratio, adv, mask)
         assert torch.isfinite(c).all(), c
     params = K.LossParams(respo_trust_mask=True)
-    coef = K.respo_coefficients(log_ratio, torch.tensor([1.0, -1.0, 0.0, 1.0]), mask, params)
+    coef = K.respo_weights(log_ratio, torch.tensor([1.0, -1.0, 0.0, 1.0]), mask, params).coefficients
     assert torch.isfinite(coef).all() and (coef[2] == 0).all()
 
 
@@ -452,3 +452,30 @@ def test_a_branch_set_to_vespo_takes_vespos_gamma_kernel_for_its_sign_only(pos, 
     assert K.two_branch_phi(log_w, adv, K.LossParams()).equal(K.respo_kernel(log_w, adv))  # default: the paper's
     flat = K.two_branch_phi(log_w, adv, K.LossParams(respo_beta_pos=0.0, respo_neg_branch="vespo")).numpy()
     np.testing.assert_allclose(flat, np.where(adv.numpy() >= 0, 1.0, gamma_neg), rtol=2e-5, atol=1e-12)  # "vespo_pos1"
+
+
+def test_the_papers_constants_are_declared_once_for_every_config_and_the_old_name_is_refused():
+    """Issue 52, item 1: the six constants (default and help) come from ``kernels.RESPO_CONSTANTS`` in every config
+    that carries them, and no module spells a declaration of its own (a copy would drift: a default changed in one
+    place and not another). ``respo_coefficients`` is gone: ``respo_weights`` is every engine's one coefficient, and
+    the old name is refused in one line that says so."""
+    import inspect
+    from pathlib import Path
+
+    import respo_trl
+    from respo_trl.async_config import AsyncReSPOConfig
+    from respo_trl.config import ReSPOConfig
+
+    for cls in (ReSPOConfig, AsyncReSPOConfig, K.LossParams):
+        declared = {f.name: f for f in dataclasses.fields(cls)}
+        for name, (default, help_text) in K.RESPO_CONSTANTS.items():
+            assert declared[name].default == default and declared[name].metadata["help"] == help_text, (cls, name)
+    assert K.RESPO_DEFAULTS == {"alpha_pos": 2.0, "beta_pos": 0.5, "lam_pos": 2.0, "alpha_neg": 1.0, "beta_neg": 0.5,
+                                "lam_neg": 2.0}  # the paper's, under the kernel's argument names
+    assert inspect.signature(K.respo_kernel).parameters.keys() >= set(K.RESPO_DEFAULTS)
+    package = Path(respo_trl.__file__).parent
+    for path in package.rglob("*.py"):
+        assert "respo_alpha_pos: float" not in path.read_text(), path  # verl's config included (its own environment)
+    with pytest.raises(AttributeError, match=r"respo_coefficients was renamed respo_weights .*refused since respo_trl 0\.8"):
+        respo_trl.respo_coefficients  # noqa: B018
+    assert respo_trl.respo_weights is K.respo_weights

@@ -2,6 +2,7 @@
 
 import json
 import os
+import tempfile
 
 import pytest
 import torch
@@ -563,7 +564,7 @@ def test_first_pass_weight_keeps_each_samples_first_w_on_its_later_passes(make_t
     current W used on later passes (the 0.5 kernel under epochs), the kept value overwritten by a later pass, the
     rows' identities lost in a reshuffled pass, the diagnostics reporting another coefficient than the loss's."""
     from respo_trl.buffer import FIRST_LOG_W_KEY, ROW_KEY
-    from respo_trl.kernels import respo_coefficients
+    from respo_trl.kernels import respo_weights
 
     trainer = make_trainer(num_iterations=3, max_steps=3, respo_epoch_weight="first_pass", learning_rate=5e-2)
     assert trainer.args.respo_first_pass_weight and trainer.rollouts.track_first_weight
@@ -597,8 +598,8 @@ def test_first_pass_weight_keeps_each_samples_first_w_on_its_later_passes(make_t
         torch.testing.assert_close(log_w, kept[rows], rtol=0, atol=0)  # each row's own first-pass W
         current = (log_ratio * mask).sum(-1)
         assert (current - log_w).abs().max() > 1e-4, "the policy did not move: the test cannot tell the two apart"
-        kept_coef = respo_coefficients(log_ratio, advantages, mask, params, log_w=log_w)
-        assert not torch.allclose(kept_coef, respo_coefficients(log_ratio, advantages, mask, params))
+        kept_coef = respo_weights(log_ratio, advantages, mask, params, log_w=log_w).coefficients
+        assert not torch.allclose(kept_coef, respo_weights(log_ratio, advantages, mask, params).coefficients)
     logged = [h["respo/phi_mean/pos"] for h in trainer.state.log_history if "respo/phi_mean/pos" in h]
     assert len(logged) == 3  # the diagnostics log the phi the loss applied (kept W): checked in test_diagnostics
     # under the default ("current") nothing is kept and each pass weighs the W of the moment
@@ -619,3 +620,48 @@ def test_resume_mid_batch_with_another_epoch_weight_is_refused(tmp_path):
     RolloutBuffer(reuse=2, steps_per_generation=1, track_first_weight=True).load(str(tmp_path), rank=0)
     saved.save(str(tmp_path / "boundary"), rank=0, include_batch=False)  # nothing left of the batch: either resumes
     RolloutBuffer(reuse=2, steps_per_generation=1).load(str(tmp_path / "boundary"), rank=0)
+
+
+def test_the_buffer_counts_its_own_steps_and_reports_them():
+    """Issue 52, item 4: the buffer knows which micro-batch starts an optimizer step from its own count (every
+    ``accumulation``-th served), reports the tokens sampled for a step on that micro-batch only, serves each row's
+    staleness, and keeps the count across a save and load; its reuse metrics are a read (asking twice changes
+    nothing) and its step summary gives the pass. Catches: a step boundary taken from the trainer's counter, tokens
+    reported twice or on the wrong micro-batch, a count lost on resume."""
+    from respo_trl.buffer import STALENESS_KEY
+
+    def make():
+        return RolloutBuffer(reuse=2, steps_per_generation=4, reshuffle=False, accumulation=2)
+
+    buffer, sampled = make(), []
+
+    def sample():
+        buffer.count_generated(100)
+        sampled.append(1)
+        return {"x": torch.arange(8.0)}
+
+    reports = []
+    for step in range(3):
+        for _ in range(2):  # two micro-batches per optimizer step
+            served = buffer.next_micro_batch(step, sample, lambda rows: None)
+            assert served.batch[STALENESS_KEY].tolist() == [step - 0] * 2
+            staleness = served.batch[STALENESS_KEY].float()
+            first = buffer.reuse_metrics(staleness)
+            assert buffer.reuse_metrics(staleness) == first  # a read
+            reports.append(first.get("reuse/generated_tokens_per_step"))
+    assert reports == [100.0, None, 0.0, None, 0.0, None] and buffer.served == 6 and len(sampled) == 1
+    assert buffer.step_summary(grad_norm=1.0) == {"reuse/pass": 2.0}  # step 3 is the batch's second pass
+    assert make().step_summary(grad_norm=1.0) == {}
+
+    with tempfile.TemporaryDirectory() as folder:
+        buffer.save(folder, rank=0, extra={"step": 6})
+        resumed = make()
+        resumed.load(folder, rank=0)
+    assert resumed.served == 6
+    resumed.next_micro_batch(3, sample, lambda rows: None)
+    assert resumed.reuse_metrics(torch.zeros(2)).get("reuse/generated_tokens_per_step") == 0.0  # a step's first
+    resumed.next_micro_batch(3, sample, lambda rows: None)
+    assert "reuse/generated_tokens_per_step" not in resumed.reuse_metrics(torch.zeros(2))
+
+    adaptive = RolloutBuffer(reuse=2, steps_per_generation=4, adaptive="kl", threshold=0.1)
+    assert adaptive.prompt_repeat_count() == 4 and make().prompt_repeat_count() is None

@@ -118,6 +118,7 @@ from respo_trl.kernels import (  # noqa: E402
     fold_sampler_ratio,
     respo_weights,
     validate_respo_constants,
+    with_respo_constants,
 )
 
 __all__ = ["ReSPOPolicyLossConfig", "compute_policy_loss_respo", "respo_constants", "CONFIG_PREFIX"]
@@ -137,6 +138,7 @@ def _check(values: dict[str, Any], rollout_is: Any) -> None:
 
 
 @dataclass
+@with_respo_constants  # respo_alpha_pos ... respo_lambda_neg, declared once (respo_trl.kernels.RESPO_CONSTANTS)
 class ReSPOPolicyLossConfig(PolicyLossConfig):
     """verl's ``PolicyLossConfig`` plus ReSPO's per-branch constants (defaults: the paper's).
 
@@ -147,12 +149,6 @@ class ReSPOPolicyLossConfig(PolicyLossConfig):
     ``${algorithm.rollout_correction.rollout_is}``, and null means ``auto``).
     """
 
-    respo_alpha_pos: float = RESPO_DEFAULTS["alpha_pos"]
-    respo_beta_pos: float = RESPO_DEFAULTS["beta_pos"]
-    respo_lambda_pos: float = RESPO_DEFAULTS["lam_pos"]
-    respo_alpha_neg: float = RESPO_DEFAULTS["alpha_neg"]
-    respo_beta_neg: float = RESPO_DEFAULTS["beta_neg"]
-    respo_lambda_neg: float = RESPO_DEFAULTS["lam_neg"]
     respo_rollout_is: Optional[str] = "auto"
 
     def __new__(cls, *args, **kwargs):
