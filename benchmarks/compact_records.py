@@ -1,11 +1,12 @@
-"""Compact run records: rewrite, in place, the records written before histories were compact.
+"""Compact run records: rewrite, in place, the records written before histories were compact or compressed.
 
-A run's record (``<name>.json`` in a study's folder) keeps its per-step history as columns (``{"step": [...], key:
-[...]}``) of the keys its study's readers read (:data:`benchmarks.common.RECORD_KEYS`), each float to six significant
-digits, as one line of JSON (:func:`benchmarks.common.save_run`); everything else in the record stays as it was.
-Records written before held one dict per step with ~30 keys at full precision, seven times the size. Readers see rows
-either way (:func:`benchmarks.common.load_runs`), and a converted record converts to the same bytes, so this can run
-again whenever old records arrive (a run started at an older commit):
+A run's record (named ``<name>.json`` in a study's folder) keeps its per-step history as columns (``{"step": [...],
+key: [...]}``) of the keys its study's readers read (:data:`benchmarks.common.RECORD_KEYS`), each float to six
+significant digits, as one line of JSON, gzip-compressed as ``<name>.json.gz`` (:func:`benchmarks.common.save_run`);
+everything else in the record stays as it was. Records written before 0.7 held one dict per step with ~30 keys at
+full precision, seven times the size; records written before 0.8 were not compressed (five times the size). Readers
+see the same rows either way (:func:`benchmarks.common.load_runs`), and a converted record converts to the same bytes,
+so this can run again whenever old records arrive (a run started at an older commit):
 
     python -m benchmarks.compact_records                                         # every record under docs/benchmarks
     python -m benchmarks.compact_records docs/benchmarks/smollm2_staleness/attempt2/arms        # one folder
@@ -21,7 +22,16 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import RECORD_KEYS, compact_history, record_json
+from benchmarks.common import (
+    ANSWERS_SUFFIX,
+    RECORD_GZ,
+    RECORD_KEYS,
+    compact_history,
+    read_record_text,
+    record_json,
+    stored_record,
+    write_record_text,
+)
 
 ROOT = Path("docs/benchmarks")
 
@@ -49,32 +59,39 @@ def study_of(path: Path, root: Path) -> str:
 
 
 def record_files(paths: list[Path]) -> list[Path]:
-    """The JSON files of ``paths`` (files, or folders searched throughout), sorted, each once."""
+    """The JSON files of ``paths`` (files, or folders searched throughout), plain or compressed, sorted, each once."""
     found = set()
     for path in paths:
         if not path.exists():
             raise SystemExit(f"{path} does not exist")
-        found.update([path] if path.is_file() else path.rglob("*.json"))
+        if path.is_file():
+            found.add(path)
+        else:
+            found.update(path.rglob("*.json"))
+            found.update(p for p in path.rglob("*.json" + RECORD_GZ) if not p.name.endswith(ANSWERS_SUFFIX))
     return sorted(found)
 
 
 def convert(path: Path, root: Path) -> tuple[int, int, bool] | None:
-    """Rewrites the record at ``path`` compact if it is not (a converted record is left untouched); returns its size
-    in bytes before and after and whether it was rewritten, or None when ``path`` holds no run record (a summary) or
-    one of a study that keeps its own compact records."""
-    text = path.read_text()
+    """Rewrites the record at ``path`` compact and compressed if it is not (a converted record is left untouched);
+    returns the bytes it took on disk before and after and whether it was rewritten, or None when ``path`` holds no
+    run record (a summary). A study whose own writer chose its history's keys keeps them."""
+    text = read_record_text(path)
     record = json.loads(text)
     if not isinstance(record, dict) or "history" not in record:
         return None
     study = study_of(path, root)
-    if study not in RECORD_KEYS:
-        if isinstance(record["history"], dict):
-            return None
+    if study in RECORD_KEYS:
+        compact = record_json(compact_record(record, RECORD_KEYS[study]))
+    elif isinstance(record["history"], dict):
+        compact = text  # compact already, with the keys its writer chose
+    else:
         raise SystemExit(f"{path}: no kept history keys for study {study!r} (benchmarks.common.RECORD_KEYS)")
-    compact = record_json(compact_record(record, RECORD_KEYS[study]))
-    if compact != text:
-        path.write_text(compact)
-    return len(text.encode()), len(compact.encode()), compact != text
+    before = path.stat().st_size
+    rewritten = compact != text or not path.name.endswith(RECORD_GZ)
+    if rewritten:
+        path = write_record_text(path, compact)
+    return before, stored_record(path).stat().st_size, rewritten
 
 
 def main(argv=None) -> dict:

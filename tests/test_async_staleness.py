@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import async_staleness as study
+from benchmarks.common import stored_record
 
 
 def record(loss, bound, seed, after, fall=0.0, dropped=0.0):
@@ -51,4 +52,4 @@ def test_a_smoke_run_records_what_the_rule_reads(tmp_path):
     assert 0 <= run["dropped_tokens"] <= run["received_tokens"] <= run["generated_tokens"]
     assert run["curve"][0]["generated_tokens"] == 0 and run["heldout_n"] == 8
     assert run["dropped_share"] == pytest.approx(run["dropped_tokens"] / run["generated_tokens"])
-    assert (tmp_path / "out" / "pilot" / f"{spec['name']}.json").exists()
+    assert stored_record(tmp_path / "out" / "pilot" / f"{spec['name']}.json").exists()

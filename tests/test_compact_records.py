@@ -1,13 +1,15 @@
 """Run records at their compact size (benchmarks/compact_records.py): an old record converts to columns of its study's
-kept keys at six significant digits, reads back as rows, and converts to the same bytes a second time."""
+kept keys at six significant digits, stored compressed, reads back as rows, and converts to the same bytes a second
+time."""
 
+import gzip
 import json
 import math
 
 import pytest
 
 from benchmarks import compact_records
-from benchmarks.common import REUSE_LM_KEYS, load_run, load_runs, save_run
+from benchmarks.common import REUSE_LM_KEYS, load_run, load_runs, read_record_text, save_run, stored_record
 
 KEPT, DROPPED = "grad_norm", "starvation/clip_grad_throughput/pos"  # a reuse_lm key its readers read, one nobody reads
 
@@ -41,7 +43,10 @@ def test_conversion_keeps_every_kept_key_to_six_digits_and_converts_to_the_same_
     path = arms / "dense-respo-R4-seed0.json"
     sizes = compact_records.main([str(root), "--root", str(root)])
     assert list(sizes) == [str(path)] and sizes[str(path)][2]  # the summary is no record; the record was rewritten
-    text = path.read_text()
+    stored_file = stored_record(path)
+    assert not path.exists() and stored_file.name == "dense-respo-R4-seed0.json.gz"  # one file per record: compressed
+    text = gzip.decompress(stored_file.read_bytes()).decode()
+    assert text == read_record_text(path) and sizes[str(path)][1] == stored_file.stat().st_size < len(text)
     assert "\n" not in text and ", " not in text  # one line, no spaces
     stored = json.loads(text)
     assert {k: v for k, v in stored.items() if k != "history"} == {k: v for k, v in old.items() if k != "history"}
@@ -57,8 +62,9 @@ def test_conversion_keeps_every_kept_key_to_six_digits_and_converts_to_the_same_
             assert new[key] == float(f"{value:.6g}") and math.isclose(new[key], value, rel_tol=5e-6), key
     assert rows[0]["reuse/pass"] == 1.0 and rows[0]["offpolicy/kl"] == 0.0  # whole numbers and zero exact
 
+    compressed = stored_file.read_bytes()
     again = compact_records.main([str(root), "--root", str(root)])
-    assert not again[str(path)][2] and path.read_text() == text  # idempotent: nothing rewritten
+    assert not again[str(stored_file)][2] and stored_file.read_bytes() == compressed  # idempotent: nothing rewritten
     assert (arms / "summary.json").read_text() == summary
 
 
@@ -67,6 +73,9 @@ def test_a_run_just_saved_reads_as_it_will_be_loaded(tmp_path):
     converted = compact_records.compact_record(old_record(), REUSE_LM_KEYS)
     returned = save_run(tmp_path / "run.json", converted)
     assert returned == load_runs(tmp_path)["run"] and isinstance(returned["history"], list)
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json.gz"] and load_run(tmp_path / "run.json") == returned
+    (tmp_path / "run.answers.json.gz").write_bytes(gzip.compress(b"[]"))  # a run's answers beside it: no record
+    assert list(load_runs(tmp_path)) == ["run"]
     old = tmp_path / "old"
     write_old(old, old_record())
     assert load_runs(old)["dense-respo-R4-seed0"] == old_record()  # a record not yet converted reads as it was
@@ -76,7 +85,7 @@ def test_retired_records_keep_every_key_and_unknown_studies_are_refused(tmp_path
     root = tmp_path / "benchmarks"
     write_old(root / "archive" / "v0.1" / "arms", old_record())
     compact_records.main([str(root), "--root", str(root)])
-    stored = json.loads((root / "archive" / "v0.1" / "arms" / "dense-respo-R4-seed0.json").read_text())
+    stored = json.loads(read_record_text(root / "archive" / "v0.1" / "arms" / "dense-respo-R4-seed0.json"))
     assert DROPPED in stored["history"] and KEPT in stored["history"]  # nothing reads the archive: nothing dropped
 
     write_old(root / "new_study" / "arms", old_record())

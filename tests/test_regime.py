@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT
 
 from benchmarks import common, regime, regime_runs
-from benchmarks.common import next_ready
+from benchmarks.common import next_ready, record_names
 from respo_trl.builtin.task import ArithmeticTask
 
 
@@ -236,12 +236,12 @@ def test_smoke_runs_of_the_gate_and_the_comparison(tmp_path):
     assert summary["comparison"]["arms"]["onpolicy"]["N"] == 1
     assert summary["verdict"]["verdict"] in ("holds", "fails", "inconclusive")
     assert (out / "regime_gate.png").is_file() and (out / "regime_comparison.png").is_file()
-    first = sorted(p.name for p in (out / "arms").glob("*.json"))
+    first = sorted(record_names(out / "arms"))
     again = subprocess.run([*base, "compare", *flags, "--override-gate", "--setting", "short", "--lr", "1e-4",
                             "--arms", "dapo", "respo", "onpolicy"], cwd=ROOT, env=env, capture_output=True, text=True,
                            timeout=600)  # fmt: skip
     assert "3 runs, 3 done, 0 to run" in again.stdout  # resumed: finished runs are never rerun
-    assert sorted(p.name for p in (out / "arms").glob("*.json")) == first
+    assert sorted(record_names(out / "arms")) == first
     table = subprocess.run([*base, "summary", "--markdown", "--out", str(out), "--work", str(work)], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
     per_seed = table[table.index("Per seed:") :].splitlines()

@@ -11,6 +11,7 @@ import pytest
 from conftest import ROOT
 
 from benchmarks import common
+from benchmarks.common import read_record_text, write_record_text
 from benchmarks import regime_mechanism as mech
 
 
@@ -189,9 +190,9 @@ def test_smoke_run_pairs_with_a_stored_comparison_and_resumes(tmp_path):
     assert same.returncode == 0 and ", 0 differ" in same.stdout, same.stdout + same.stderr[-2000:]
     # ... and says so when it does not (a stored number that this code does not produce; the record is compact)
     path = stored / "arms" / "respo-N2-seed1.json"
-    record = json.loads(path.read_text())
+    record = json.loads(read_record_text(path))  # stored compressed (benchmarks.common.save_run)
     record["history"]["reuse/staleness_mean"][1] += 0.5  # (the smoke model's rewards, and so its gradients, are all 0)
-    path.write_text(json.dumps(record))
+    write_record_text(path, json.dumps(record))
     changed = subprocess.run(check, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert changed.returncode != 0 and "step 2 reuse/staleness_mean" in changed.stdout
 

@@ -9,7 +9,15 @@ import pytest
 from conftest import ROOT
 
 from benchmarks import reuse_lm as bench
-from benchmarks.common import REUSE_LM_KEYS, compact_history, history_rows, load_runs, tokens_to_reach
+from benchmarks.common import (
+    REUSE_LM_KEYS,
+    compact_history,
+    history_rows,
+    load_runs,
+    read_record_text,
+    record_names,
+    tokens_to_reach,
+)
 
 
 def test_tokens_to_reach_interpolates_and_says_never():
@@ -90,7 +98,7 @@ def test_smoke_run_of_the_script(tmp_path):
     summary = json.loads((out / "reuse_lm.json").read_text())
     dense = {f"dense-{loss}-{s}" for loss in ("dapo", "respo") for s in ("R4", "N2")} | {"dense-dapo-R1"}
     assert set(summary["arms"]) == dense | {"moe-respo-R1", "moe-respo-R4", "moe-respo-N2"}  # R1: one run for all
-    arms = {path.stem: json.loads(path.read_text()) for path in (out / "arms").glob("*.json")}
+    arms = {name: json.loads(read_record_text(path)) for name, path in record_names(out / "arms").items()}  # as stored
     for name, arm in arms.items():
         if arm["staleness"] == 1:  # epochs: the same 2 generation batches, R optimizer steps each
             assert arm["global_step"] == 2 * arm["reuse"]

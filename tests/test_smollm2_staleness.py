@@ -13,7 +13,7 @@ import torch
 from conftest import ROOT
 
 from benchmarks import smollm2_staleness as study
-from benchmarks.common import SMOLLM2_KEYS
+from benchmarks.common import SMOLLM2_KEYS, load_run, read_record_text
 from respo_trl.builtin.tiny_model import build_char_tokenizer, tiny_qwen3
 
 
@@ -180,7 +180,7 @@ def test_smoke_run_of_every_stage(tiny_model_dir, tmp_path):
     stage("gate")
     gate = json.loads((out / "gate.json").read_text())
     assert gate["task"] == "add2_30" and gate["settings"][0]["N"] == 2 and (out / "gate.png").is_file()
-    stale = json.loads((out / "gate" / "gate_stale_N2_lr0.0001_s1.json").read_text())
+    stale = load_run(out / "gate" / "gate_stale_N2_lr0.0001_s1.json")
     assert set(stale["probe"]) == {"1"} and stale["probe"]["1"]["n"] == study.SMOKE["eval_problems"]
     assert stale["commit"] and stale["started_at"] and gate["settings"][0]["pooled"]["updates"] == 2
     gate.update(passed=True, chosen={"N": 2, "lr": 1e-4, "share_pos": 0.0, "label": "smoke"})  # a tiny model learns nothing
@@ -193,7 +193,7 @@ def test_smoke_run_of_every_stage(tiny_model_dir, tmp_path):
     row = summary["arms"]["respo"]["per_seed"]["1"]
     assert row["test"] is not None and row["generated_tokens"] > 0 and not math.isnan(row["wall_s"])
     assert len(row["low_w_share_by_cycle"]) == 2 and (out / "smollm2_staleness.png").is_file()
-    record = json.loads((out / "arms" / "respo_s1.json").read_text())  # every test answer kept, graded
+    record = json.loads(read_record_text(out / "arms" / "respo_s1.json"))  # every test answer kept, graded
     assert set(record["history"]) <= {"step", *SMOLLM2_KEYS}  # written compact: columns of the kept keys
     answers = record["test"]["answers"]
     assert len(answers) == study.SMOKE["eval_problems"] * study.EVAL_SAMPLES
