@@ -168,7 +168,7 @@ def test_docs_run_benchmarks_as_modules():
 
 
 # A data file a page names: a path ending in a data suffix, anywhere in the page (prose, inline code, code blocks).
-DATA_FILE = re.compile(r"(?<![\w./$<*-])((?:\.\./)*[\w.-]+(?:/[\w.-]+)*\.(?:json|jsonl|png|json\.gz|csv))(?![\w*])")
+DATA_FILE = re.compile(r"(?<![\w./$<*-])((?:\.\./)*[\w.-]+(?:/[\w.-]+)*\.(?:json\.gz|jsonl|json|png|csv))(?![\w*])")
 OUTPUT_FLAG = re.compile(r"--(?:out|output|report-out)[= ]+\S*$")
 
 

@@ -182,6 +182,14 @@ class RecipeArguments:
     )
     warmstart_learning_rate: float = field(default=3e-3, metadata={"help": "Warm start: peak AdamW learning rate."})
     warmstart_batch_size: int = field(default=64, metadata={"help": "Warm start: sequences per step."})
+    warmstart_shipped: bool = field(
+        default=True,
+        metadata={
+            "help": "Load the warm-started weights the package ships when this run's model, data, seed and warm-start "
+            "settings are exactly the ones they were made from (the embedded default at seed 0; respo_trl/recipe/"
+            "shipped.py says how they are made and matched); false: train the warm start here."
+        },
+    )
     # -- rewards ------------------------------------------------------------------------------------------------------
     reward_funcs: list[str] = field(
         default_factory=lambda: ["accuracy", "format"],

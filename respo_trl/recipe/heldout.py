@@ -281,7 +281,8 @@ def print_summary(report: dict) -> None:
             "grad norm of reuse passes / fresh",
             ", ".join(f"{v:.2f}" for v in report["training"]["mean_grad_norm_vs_fresh"].values()) or "n/a (R = 1)",
         ),
-        ("warm-start time", f"{report['time_s']['warm_start']:.0f} s"),
+        ("warm-start time", f"{report['time_s']['warm_start']:.0f} s"
+                            + (" (the shipped weights, loaded)" if report["warm_start"].get("shipped") else "")),
         ("RL time", f"{report['time_s']['train']:.0f} s"),
         ("wall time (this process)", f"{report['time_s']['total']:.0f} s"),
     ]

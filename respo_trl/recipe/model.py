@@ -134,14 +134,17 @@ def build_model(script_args: RecipeArguments, training_args: ReSPOConfig, model_
 def run_warm_start(model, tokenizer, train_dataset, script_args: RecipeArguments, training_args: ReSPOConfig,
                    accuracy_fn, resume, show_progress: bool) -> dict:  # fmt: skip
     """The warm start of a model built here (skipped when resuming), with a progress bar, and how good the
-    demonstrations it imitated are: ``{"steps", "final_loss", "demonstration_accuracy", "seconds"}``."""
+    demonstrations it imitated are: ``{"steps", "final_loss", "demonstration_accuracy", "seconds", "shipped"}``. Where
+    the package ships the result for exactly this model, data and settings (:mod:`.shipped`), it is loaded instead of
+    trained (``shipped``: its file name)."""
     import time
 
     from tqdm.auto import tqdm
 
     from ..grading import accuracy_scores
+    from . import shipped
 
-    done = {"steps": 0, "final_loss": None, "demonstration_accuracy": None, "seconds": 0.0}
+    done = {"steps": 0, "final_loss": None, "demonstration_accuracy": None, "seconds": 0.0, "shipped": None}
     if not script_args.warmstart_steps or resume:
         return done
     if "completion" not in train_dataset.column_names:
@@ -149,17 +152,30 @@ def run_warm_start(model, tokenizer, train_dataset, script_args: RecipeArguments
     if isinstance(model, str):
         raise RecipeError("--warmstart_steps is for a model built here (--tiny_model); start from an SFT checkpoint")
     start = time.time()
-    bar = tqdm(total=script_args.warmstart_steps, desc="warm start (SFT)", disable=not show_progress)
-
-    def on_step(step, loss):
-        bar.update(1)
-        if step % 10 == 0:
-            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-
     model.to(training_args.device)
-    losses = warm_start(model, tokenizer, train_dataset, script_args, seed=training_args.seed, on_step=on_step)
-    bar.close()
-    done.update(steps=len(losses), final_loss=losses[-1] if losses else None, seconds=time.time() - start)
+    found = None
+    if script_args.warmstart_shipped:
+        found = shipped.find(shipped.fingerprint(
+            model, tokenizer, train_dataset["prompt"], train_dataset["completion"], steps=script_args.warmstart_steps,
+            batch_size=script_args.warmstart_batch_size, learning_rate=script_args.warmstart_learning_rate,
+            seed=training_args.seed))  # fmt: skip
+    if found is not None:
+        info = shipped.load(model, found)
+        done.update(steps=info["steps"], final_loss=info["final_loss"], seconds=time.time() - start, shipped=found.name)
+        if show_progress:
+            print(f"warm start (SFT): loaded the {info['steps']}-step warm start the package ships for exactly this "
+                  f"model, data and seed ({found.name}; --warmstart_shipped false trains it here)")  # fmt: skip
+    else:
+        bar = tqdm(total=script_args.warmstart_steps, desc="warm start (SFT)", disable=not show_progress)
+
+        def on_step(step, loss):
+            bar.update(1)
+            if step % 10 == 0:
+                bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+
+        losses = warm_start(model, tokenizer, train_dataset, script_args, seed=training_args.seed, on_step=on_step)
+        bar.close()
+        done.update(steps=len(losses), final_loss=losses[-1] if losses else None, seconds=time.time() - start)
     if accuracy_fn is not None:  # how good the demonstrations the warm start imitated are
         sample = train_dataset.select(range(min(500, len(train_dataset))))
         correct = accuracy_scores(sample["completion"], sample["solution"], accuracy_fn)

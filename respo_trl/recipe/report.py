@@ -157,7 +157,7 @@ class RunReport:
                              "dropped_long_prompts": dropped}  # fmt: skip
         self.data["heldout"]["n"] = 0 if heldout is None else len(heldout)
         self.data["example_prompt"] = (heldout if heldout is not None else train_dataset)[0]["prompt"]  # card's Use it
-        self.data["warm_start"] = {key: warm[key] for key in ("steps", "final_loss", "demonstration_accuracy")}
+        self.data["warm_start"] = {key: warm[key] for key in ("steps", "final_loss", "demonstration_accuracy", "shipped")}
         self.seconds["warm_start"] = warm["seconds"]
 
     def resume_curve(self, resume) -> None:
