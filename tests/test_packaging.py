@@ -41,6 +41,6 @@ def test_an_installed_wheel_lists_and_resolves_its_presets(tmp_path):
     for path in (smollm2, default):
         assert path.startswith(str(site)) and os.path.isfile(path)
     assert (site / "respo_trl" / "hub" / "templates" / "model_card.md").is_file()
-    # the main job's shipped warm start (respo_trl/recipe/shipped.py), or an installed package would train it again
+    # the main job's shipped warm start (respo_trl/recipe/shipped/), or an installed package would train it again
     checkout = sorted(p.name for p in (ROOT / "respo_trl" / "builtin" / "warm_starts").glob("*.safetensors"))
     assert checkout and sorted(p.name for p in (site / "respo_trl" / "builtin" / "warm_starts").iterdir()) == checkout

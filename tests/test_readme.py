@@ -166,3 +166,50 @@ def test_the_readme_is_a_five_minute_page_whose_names_and_links_are_real():
     assert links and all((root / link).exists() for link in links), [link for link in links if not (root / link).exists()]
     evidence = text.split("## What the evidence says", 1)[1]
     assert "(docs/benchmarks.md)" in evidence and len([p for p in evidence.split("\n\n") if p.strip()]) == 1
+
+
+def test_the_package_imports_in_no_circle():
+    """Issue 52, item 6: no module of ``respo_trl`` imports, directly or through others, one that imports it back, at
+    module level or inside a function (a lazy import still ties the two). Read from the source, nothing imported."""
+    root = Path(__file__).resolve().parents[1]
+    package = root / "respo_trl"
+
+    def name_of(path: Path) -> str:
+        parts = path.relative_to(root).with_suffix("").parts
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    modules = {name_of(p): p for p in package.rglob("*.py")}
+    edges = {}
+    for name, path in modules.items():
+        base = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.ImportFrom):
+                origin = node.module or ""
+                if node.level:
+                    anchor = base.split(".")
+                    anchor = anchor[: len(anchor) - node.level + 1]
+                    origin = ".".join([*anchor, *([origin] if origin else [])])
+                submodules = [f"{origin}.{alias.name}" for alias in node.names if f"{origin}.{alias.name}" in modules]
+                targets = submodules or [origin]  # `from . import shipped` depends on shipped, not on the package
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            # a module's own packages run their __init__ when it is imported: that is no dependency of its design
+            found.update(t for t in targets if t in modules and t != name and not name.startswith(t + "."))
+        edges[name] = found
+
+    def circle_from(start):
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in edges[node]:
+                if nxt == start:
+                    return path
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+        return None
+
+    circles = {tuple(sorted(c)) for m in modules if (c := circle_from(m))}
+    assert not circles, circles

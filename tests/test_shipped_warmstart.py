@@ -1,4 +1,4 @@
-"""The warm start the package ships (respo_trl/recipe/shipped.py): loaded only for exactly the inputs it was made
+"""The warm start the package ships (respo_trl/recipe/shipped/): loaded only for exactly the inputs it was made
 from, equal to what the recipe would train from them, and made again whenever the code or data it depends on moves."""
 
 import pytest
@@ -85,6 +85,8 @@ def test_the_recipe_loads_a_shipped_warm_start_equal_to_the_one_it_trains(tmp_pa
 
 
 def test_making_needs_write(capsys):
+    from respo_trl.recipe.shipped.__main__ import main
+
     with pytest.raises(SystemExit):
-        shipped.main([])
+        main([])
     assert "pass --write" in capsys.readouterr().err

@@ -13,7 +13,8 @@ and the recipe trains the warm start itself, as it always did (``--warmstart_shi
 ``tests/test_shipped_warmstart.py`` holds the shipped file to the fingerprint the current code computes, so a change
 to any of those inputs fails there until the file is made again.
 
-How it is made (about three minutes on one core)::
+How it is made (about three minutes on one core; ``__main__.py`` here, so that this module imports nothing of the
+recipe that imports it)::
 
     python -m respo_trl.recipe.shipped --write          # the embedded default, seed 0
     python -m respo_trl.recipe.shipped --write --seed 1
@@ -32,15 +33,15 @@ import json
 import platform
 from pathlib import Path
 
-SHIPPED_DIR = Path(__file__).resolve().parents[1] / "builtin" / "warm_starts"
+SHIPPED_DIR = Path(__file__).resolve().parents[2] / "builtin" / "warm_starts"
 MAKE_COMMAND = "python -m respo_trl.recipe.shipped --write"
 
 
 def fingerprint(model, tokenizer, prompts, completions, *, steps: int, batch_size: int, learning_rate: float,
                 seed: int) -> str:  # fmt: skip
     """sha256 over everything :func:`respo_trl.recipe.warmstart.supervised_warm_start` makes the weights from."""
-    from . import warmstart
-    from .generation import prompt_ids
+    from .. import warmstart
+    from ..generation import prompt_ids
 
     digest = hashlib.sha256()
 
@@ -102,43 +103,3 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def main(argv: list[str] | None = None) -> Path:
-    """Make the shipped warm start of the embedded default (``--write``), at ``--seed`` (default 0)."""
-    import argparse
-    import time
-
-    from accelerate import PartialState
-    from accelerate.logging import get_logger
-
-    from .data import load_datasets
-    from .model import build_model, use_one_cpu_thread, warm_start
-    from .parsing import parse_args
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--write", action="store_true", help="train the default preset's warm start and write it")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    if not args.write:
-        parser.error("nothing to do: pass --write (it trains for about three minutes)")
-    logger = get_logger(__name__)
-    PartialState()
-    use_one_cpu_thread(logger, "the shipped warm start")  # as the recipe trains the tiny model
-    script_args, training_args, model_args = parse_args(["--seed", str(args.seed), "--output_dir", "/tmp/unused"])
-    model, tokenizer, *_ = build_model(script_args, training_args, model_args, logger)
-    train_dataset, _, _ = load_datasets(script_args, training_args, model_args, tokenizer, logger)
-    prompts, completions = train_dataset["prompt"], train_dataset["completion"]
-    print_ = fingerprint(model, tokenizer, prompts, completions, steps=script_args.warmstart_steps,
-                         batch_size=script_args.warmstart_batch_size,
-                         learning_rate=script_args.warmstart_learning_rate, seed=args.seed)  # fmt: skip
-    started = time.time()
-    losses = warm_start(model, tokenizer, train_dataset, script_args, seed=args.seed)
-    info = {"steps": len(losses), "final_loss": losses[-1], "seconds": round(time.time() - started, 1), "seed": args.seed}
-    path = write(model, print_, info)
-    print(f"wrote {path} ({info['steps']} steps, final loss {info['final_loss']:.4f}, {info['seconds']} s)")
-    return path
-
-
-if __name__ == "__main__":
-    main()
