@@ -13,7 +13,7 @@ timers added around TRL's methods (nothing else is changed: the run writes the s
 
 One process, one torch thread, as ``accelerate launch`` runs it on a CPU::
 
-    python -m benchmarks.main_job_time --out docs/benchmarks/main_job_time.json            # the embedded default
+    python -m benchmarks.main_job_time --out docs/benchmarks/main_job_time/main_job_time.json   # the embedded default
     python -m benchmarks.main_job_time --out /tmp/t.json -- --seed 1 --output_dir /tmp/s1  # recipe arguments after --
 
 (docs/recipes.md, "Where the time goes", reads it.)
