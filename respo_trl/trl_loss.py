@@ -197,7 +197,7 @@ class LossResult(NamedTuple):
     weights: ReSPOWeights | None  # ReSPO's coefficients, log W and phi (None: TRL's own loss)
     metrics: dict[str, float]  # TRL's (ReSPO's loss) and ReSPO's diagnostics, over all processes
     staleness: torch.Tensor | None  # each row's staleness over all processes (None: not a served micro-batch)
-    entropy: EntropyState | None  # TRL's adaptive entropy state after this micro-batch
+    entropy: EntropyState | None  # TRL's entropy state after ReSPO's loss (None: unchanged, or TRL's loss moved it itself)
     sampler_gap: str | None  # the sampler-gap alarm this micro-batch raises (fresh rows only), else None
 
 
@@ -289,8 +289,9 @@ def micro_batch_loss(inputs: dict, ctx: TrlContext) -> LossResult:
     kept_log_w = inputs.get(FIRST_LOG_W_KEY) if ctx.training else None
     if ctx.loss_type == "respo":
         loss, weights, logps, entropies, token_weight, metrics, entropy = _respo_loss(ctx, inputs, dropped, kept_log_w)
-    else:  # TRL's own loss; its forward's log-probs come back cleaned and detached
-        (loss, logps, entropies), weights, token_weight, metrics, entropy = ctx.trl_loss(inputs, dropped), None, None, {}, ctx.entropy
+    else:  # TRL's own loss; its forward's log-probs come back cleaned and detached. TRL moved its entropy state on the
+        # trainer itself: nothing to hand back (handing back ctx.entropy would undo TRL's update)
+        (loss, logps, entropies), weights, token_weight, metrics, entropy = ctx.trl_loss(inputs, dropped), None, None, {}, None
     staleness = inputs.get(STALENESS_KEY)
     if ctx.diagnostics:  # from the loss's own forward and, under ReSPO, its weights
         if weights is None:  # TRL's own loss: its masks, recomputed once with TRL's helpers

@@ -458,3 +458,29 @@ def test_one_call_computes_the_loss_its_metrics_and_a_frozen_result(make_trainer
         if key in logged:  # (TRL's own loss logs its metrics itself)
             assert logged[key] == pytest.approx(value, nan_ok=True), key
     assert {"reuse/staleness_mean", "reuse/refreshes"} <= logged.keys() and logged["reuse/staleness_mean"] == 1.0
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_trls_own_losses_keep_trls_adaptive_entropy(make_trainer, tokenizer, loss_type):
+    """TRL's own loss types run TRL's ``_compute_loss``, which moves TRL's adaptive entropy coefficient on the trainer:
+    through ``ReSPOTrainer`` it moves exactly as in ``trl.GRPOTrainer``, step after step, with the same gradients.
+    Catches the state read before the loss being written back over TRL's update (0.8's first version: the coefficient
+    never moved and the bonus was never applied; found by a side-by-side review against 0.7)."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    fields = {"loss_type": loss_type, "use_adaptive_entropy": True, "entropy_target": 5.0, "entropy_coef": 0.02,
+              "entropy_coef_delta": 0.05}  # fmt: skip
+    model = tiny_qwen3(tokenizer)
+    ours = prepare(make_trainer(model=model, **fields))
+    theirs = prepare(make_trainer(model=copy.deepcopy(model), config_cls=GRPOConfig, trainer_cls=GRPOTrainer, **fields))
+    inputs = make_batch(tokenizer, seed=8)
+    inputs["old_per_token_logps"] = current_logps(ours, inputs)
+    coefficients = []
+    for step in range(3):  # the coefficient applied from the second step on is the one the first moved
+        loss_o, grads_o = loss_and_grads(ours, inputs)
+        loss_t, grads_t = loss_and_grads(theirs, inputs)
+        assert loss_o.item() == pytest.approx(loss_t.item(), rel=1e-6, abs=1e-8), step
+        assert_same_grads(grads_o, grads_t)
+        assert (ours.entropy_coef, ours._last_world_entropy) == (theirs.entropy_coef, theirs._last_world_entropy)
+        coefficients.append(ours.entropy_coef)
+    assert coefficients[0] != coefficients[-1]  # it moved: the test can tell a frozen coefficient apart
