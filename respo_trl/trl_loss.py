@@ -267,7 +267,7 @@ def _respo_loss(ctx: TrlContext, inputs: dict, dropped: torch.Tensor, kept_log_w
         loss = loss + term
         if ctx.training and sync:
             metrics["entropy_coef"] = entropy.coef
-    else:
+    else:  # TRL adds its bonus term whether or not it is on (0.0 when off): the same graph, the same float
         loss = loss + 0.0
     if ctx.aux_coef is not None:  # scaled for gradient accumulation like the policy loss
         loss = loss + ctx.aux_coef * aux_loss / ctx.accumulation
