@@ -85,6 +85,9 @@ def use_sdpa_tree_attention() -> None:
 def prepare() -> bool:
     """Install the CPU adaptations 1-2 into TRL's async modules when CUDA is unavailable; returns whether they are
     installed. Idempotent; logs once which path it took."""
+    from accelerate import PartialState
+
+    PartialState()  # called before any trainer (the documented use with a plain AsyncGRPOTrainer): accelerate's logger needs it
     if torch.cuda.is_available():
         if not getattr(prepare, "_said", False):
             logger.info("CUDA is available: TRL's async trainer runs as shipped (FA3 tree attention, NCCL sync).")
